@@ -1,0 +1,277 @@
+//! Hand-written numeric kernels for kvgpt.
+//!
+//! Conventions (after llm.c): plain functions over flat row-major `f32` buffers, outputs first,
+//! dimensions last, one dimension vocabulary: `T` tokens in this call, `P` tokens already in the
+//! cache, `C` channels, `NH` heads, `HS` head size, `K` reduction length, `N` output columns.
+//!
+//! Exactness rule: every output element is reduced in one fixed order that depends only on the
+//! reduction length, never on how many rows are processed, how the work is split between threads,
+//! or which instruction set runs it. Every product-sum is a chain of fused multiply-adds, so the
+//! scalar path (`f32::mul_add`, correctly rounded) and the SIMD paths give the same bits. That is
+//! what makes cached and uncached decoding bit-identical in the engine.
+//!
+//! Instruction sets: each kernel has one body (`#[inline(always)]`), compiled once plainly (the
+//! scalar reference, always present) and once inside a thin `#[target_feature]` wrapper. The
+//! [`Isa`] is detected once by the caller and passed in; tests run every path against the scalar one.
+#![allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last.
+
+mod math;
+mod simd;
+
+pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
+
+use rayon::prelude::*;
+
+/// Which compiled copy of the kernel bodies runs. Only [`Isa::scalar`], [`Isa::detect`] and
+/// [`Isa::available`] make one, so a SIMD path is only ever chosen on a CPU that has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa(pub(crate) Kind);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+}
+
+impl Isa {
+    /// The plain compilation: the reference every other path is tested against. On aarch64 it is
+    /// already NEON code, since NEON and FMA are part of the baseline there.
+    pub fn scalar() -> Isa {
+        Isa(Kind::Scalar)
+    }
+
+    /// The best instruction set this CPU supports. Call once and keep the value.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa(Kind::Avx2Fma);
+            }
+        }
+        Isa::scalar()
+    }
+
+    /// Every instruction set usable on this CPU, the scalar reference first.
+    pub fn available() -> Vec<Isa> {
+        let mut v = vec![Isa::scalar()];
+        if Isa::detect() != Isa::scalar() {
+            v.push(Isa::detect());
+        }
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            Kind::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2Fma => "avx2+fma",
+        }
+    }
+}
+
+/// Below this many multiply-adds a kernel runs on the calling thread.
+const PAR_MIN_WORK: usize = 1 << 16;
+/// Output columns per parallel task (a multiple of every tile width).
+const PAR_COLS: usize = 64;
+
+/// A raw pointer that may be sent to other threads; each task writes a disjoint region.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand disjoint sub-regions of one `&mut [f32]` to rayon tasks that all end
+// before the borrow does.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above; the pointer is only read (copied) from shared references.
+unsafe impl Sync for SendPtr {}
+
+/// `out[T, N] = inp[T, K] @ w[K, N] + bias[N]` — GPT-2's Conv1D, weights stored `[in, out]`.
+///
+/// Each element: `acc = 0; for i in 0..K { acc = fma(inp[t, i], w[i, n], acc) }; out = acc + bias`.
+pub fn matmul(
+    isa: Isa,
+    out: &mut [f32],
+    inp: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    t: usize,
+    k: usize,
+    n: usize,
+) {
+    assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n && bias.len() >= n);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |c0: usize, c1: usize| {
+        let p = out_ptr;
+        // SAFETY: tasks get disjoint column ranges [c0, c1) of `out`; `out` holds t*n floats
+        // (asserted above) and outlives every task.
+        unsafe { simd::matmul_cols(isa, p.0, inp, w, bias, t, k, n, c0, c1) }
+    };
+    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || n <= PAR_COLS {
+        run(0, n);
+    } else {
+        let chunks = n.div_ceil(PAR_COLS);
+        (0..chunks)
+            .into_par_iter()
+            .for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
+    }
+}
+
+/// `out[T, N] = inp[T, K] @ w[N, K]ᵀ` — a projection whose weights are stored `[out, in]`
+/// (the tied vocabulary projection uses `wte` `[V, C]` this way).
+///
+/// Each element is [`dot`] of a row of `inp` and a row of `w`.
+pub fn matmul_t(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |r0: usize, r1: usize| {
+        let p = out_ptr;
+        // SAFETY: tasks get disjoint ranges [r0, r1) of weight rows, i.e. disjoint output
+        // columns; `out` holds t*n floats (asserted above) and outlives every task.
+        unsafe { simd::matmul_t_rows(isa, p.0, inp, w, t, k, n, r0, r1) }
+    };
+    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
+        run(0, n);
+    } else {
+        let per = 256;
+        (0..n.div_ceil(per))
+            .into_par_iter()
+            .for_each(|c| run(c * per, ((c + 1) * per).min(n)));
+    }
+}
+
+/// The dot product in the engine's fixed order: 16 lanes of fused multiply-adds, then a fixed
+/// pairwise sum of the lanes.
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    simd::dot(isa, a, b)
+}
+
+/// `out[T, C] = (inp - mean) / sqrt(var + eps) * weight + bias`, per row, biased variance.
+pub fn layernorm(
+    isa: Isa,
+    out: &mut [f32],
+    inp: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    t: usize,
+    c: usize,
+    eps: f32,
+) {
+    assert!(out.len() >= t * c && inp.len() >= t * c && weight.len() >= c && bias.len() >= c);
+    for r in 0..t {
+        simd::layernorm_row(
+            isa,
+            &mut out[r * c..(r + 1) * c],
+            &inp[r * c..(r + 1) * c],
+            weight,
+            bias,
+            eps,
+        );
+    }
+}
+
+/// In place: `x = 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))` (GPT-2's `gelu_new`).
+pub fn gelu_new(isa: Isa, x: &mut [f32]) {
+    if x.len() >= PAR_MIN_WORK / 4 && rayon::current_num_threads() > 1 {
+        x.par_chunks_mut(4096).for_each(|ch| simd::gelu(isa, ch));
+    } else {
+        simd::gelu(isa, x);
+    }
+}
+
+/// In place residual: `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    assert!(x.len() <= y.len());
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// In place softmax over the whole slice (max-subtracted, `exp` of [`exp_approx`]).
+pub fn softmax_inplace(isa: Isa, x: &mut [f32]) {
+    simd::softmax(isa, x);
+}
+
+/// The sizes of one attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDims {
+    /// Tokens in this call (queries).
+    pub t: usize,
+    /// Tokens already in the cache before this call; query `i` sits at position `p + i`.
+    pub p: usize,
+    /// Heads.
+    pub nh: usize,
+    /// Head size.
+    pub hs: usize,
+    /// Capacity of the cache in positions (its row stride per head).
+    pub t_max: usize,
+    /// Multiplier of the scores (`1/√HS`, possibly divided by the layer index).
+    pub scale: f32,
+}
+
+/// Causal multi-head attention of `T` new queries over a KV cache holding `P + T` positions.
+///
+/// - `out`: `[T, C]` with `C = NH*HS`, head `h` written to columns `h*HS..(h+1)*HS`.
+/// - `q`: `[T, q_stride]`, head `h` of query `i` at `q[i*q_stride + h*HS..]` (the fused c_attn output).
+/// - `k_cache`, `v_cache`: `[NH, t_max, HS]`, positions `0..P+T` filled.
+/// - `scratch`: at least `NH * (P + T)` floats.
+/// - `probs`: when given, `[NH, T, P+T]` receives the softmax weights (0 above the diagonal).
+///
+/// Query at position `pos`: `s_j = dot(q, k_j) * scale` for `j <= pos`, `a = softmax(s)`,
+/// `out = Σ_j a_j v_j` accumulated in `j` order. Nothing depends on `T` or `P`, only on `pos`.
+pub fn attention(
+    isa: Isa,
+    out: &mut [f32],
+    mut probs: Option<&mut [f32]>,
+    q: &[f32],
+    q_stride: usize,
+    k_cache: &[f32],
+    v_cache: &[f32],
+    scratch: &mut [f32],
+    d: AttnDims,
+) {
+    let AttnDims { t, p, nh, hs, t_max, scale } = d;
+    if t == 0 {
+        return;
+    }
+    let c = nh * hs;
+    let kv = p + t;
+    assert!(kv <= t_max, "attention: {kv} positions exceed the cache's {t_max}");
+    assert!(out.len() >= t * c && q.len() >= (t - 1) * q_stride + c);
+    assert!(k_cache.len() >= nh * t_max * hs && v_cache.len() >= nh * t_max * hs);
+    assert!(scratch.len() >= nh * kv);
+    if let Some(pr) = probs.as_deref() {
+        assert!(pr.len() >= nh * t * kv);
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let probs_ptr = SendPtr(probs.as_deref_mut().map_or(std::ptr::null_mut(), |p| p.as_mut_ptr()));
+    let want_probs = probs.is_some();
+    let head = |h: usize, row: &mut [f32]| {
+        let (op, pp) = (out_ptr, probs_ptr);
+        for i in 0..t {
+            let pos = p + i;
+            let n = pos + 1;
+            let qrow = &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs];
+            let kh = &k_cache[h * t_max * hs..];
+            let vh = &v_cache[h * t_max * hs..];
+            let scores = &mut row[..n];
+            simd::scores(isa, scores, qrow, kh, hs, scale);
+            simd::softmax(isa, scores);
+            // SAFETY: head h writes only columns h*HS..(h+1)*HS of row i of `out` (t*c floats,
+            // asserted above); no other task touches them.
+            let orow = unsafe { std::slice::from_raw_parts_mut(op.0.add(i * c + h * hs), hs) };
+            simd::weighted_sum(isa, orow, scores, vh, hs);
+            if want_probs {
+                // SAFETY: head h writes only its own [T, kv] slab of `probs` (nh*t*kv floats,
+                // asserted above).
+                let prow = unsafe { std::slice::from_raw_parts_mut(pp.0.add((h * t + i) * kv), kv) };
+                prow[..n].copy_from_slice(scores);
+                prow[n..].fill(0.0);
+            }
+        }
+    };
+    let scratch = &mut scratch[..nh * kv];
+    if rayon::current_num_threads() > 1 && t * kv * hs * nh >= PAR_MIN_WORK / 4 {
+        scratch.par_chunks_mut(kv).enumerate().for_each(|(h, row)| head(h, row));
+    } else {
+        scratch.chunks_mut(kv).enumerate().for_each(|(h, row)| head(h, row));
+    }
+}

@@ -1,0 +1,248 @@
+//! Every compiled path against the scalar reference (bit for bit) and against a naive f64
+//! computation (within float tolerance), on awkward shapes; plus the invariants the engine relies
+//! on: a row's result does not depend on how many rows are computed with it, nor on threads.
+
+use kvgpt_kernels::*;
+
+/// A small deterministic generator (SplitMix64) for test data.
+struct Gen(u64);
+impl Gen {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+const AWKWARD: [usize; 6] = [0, 1, 7, 17, 63, 257];
+
+fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((*g as f64 - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn matmul_ref(inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0f64; t * n];
+    for r in 0..t {
+        for c in 0..n {
+            let mut s = bias[c] as f64;
+            for i in 0..k {
+                s += inp[r * k + i] as f64 * w[i * n + c] as f64;
+            }
+            out[r * n + c] = s;
+        }
+    }
+    out
+}
+
+fn run_matmul(isa: Isa, t: usize, k: usize, n: usize, g: &mut Gen) -> (Vec<f32>, Vec<f64>) {
+    let inp = g.vec(t * k);
+    let w = g.vec(k * n);
+    let bias = g.vec(n);
+    let mut out = vec![f32::NAN; t * n];
+    matmul(isa, &mut out, &inp, &w, &bias, t, k, n);
+    (out, matmul_ref(&inp, &w, &bias, t, k, n))
+}
+
+#[test]
+fn matmul_every_path_on_awkward_shapes() {
+    for &t in &[1usize, 3, 4, 5, 9] {
+        for &k in &AWKWARD {
+            for &n in &AWKWARD {
+                let reference = run_matmul(Isa::scalar(), t, k, n, &mut Gen(7)).0;
+                for isa in Isa::available() {
+                    let (out, want) = run_matmul(isa, t, k, n, &mut Gen(7));
+                    assert_eq!(bits(&out), bits(&reference), "{} t={t} k={k} n={n}", isa.name());
+                    close(&out, &want, 1e-5 * (k as f64).sqrt().max(1.0), "matmul");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_gpt2_shapes() {
+    for &(k, n) in &[(768usize, 2304usize), (768, 3072), (3072, 768), (768, 768)] {
+        for &t in &[1usize, 6] {
+            let reference = run_matmul(Isa::scalar(), t, k, n, &mut Gen(11)).0;
+            for isa in Isa::available() {
+                let (out, want) = run_matmul(isa, t, k, n, &mut Gen(11));
+                assert_eq!(bits(&out), bits(&reference), "{} {k}x{n}", isa.name());
+                close(&out, &want, 1e-4, "matmul");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_t_every_path() {
+    let shapes = AWKWARD.iter().flat_map(|&k| AWKWARD.iter().map(move |&n| (k, n)));
+    for (k, n) in shapes.chain([(768, 50257)]) {
+        for &t in &[1usize, 2, 5] {
+            let mut g = Gen(3);
+            let inp = g.vec(t * k);
+            let w = g.vec(n * k);
+            let mut want = vec![0.0f64; t * n];
+            for r in 0..t {
+                for c in 0..n {
+                    want[r * n + c] = (0..k).map(|i| inp[r * k + i] as f64 * w[c * k + i] as f64).sum();
+                }
+            }
+            let mut reference = vec![0.0; t * n];
+            matmul_t(Isa::scalar(), &mut reference, &inp, &w, t, k, n);
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; t * n];
+                matmul_t(isa, &mut out, &inp, &w, t, k, n);
+                assert_eq!(bits(&out), bits(&reference), "{} t={t} k={k} n={n}", isa.name());
+                close(&out, &want, 1e-5 * (k as f64).sqrt().max(1.0), "matmul_t");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_is_the_same_alone_or_with_others_and_on_any_thread_count() {
+    let (t, k, n) = (9, 257, 300);
+    let mut g = Gen(5);
+    let inp = g.vec(t * k);
+    let w = g.vec(k * n);
+    let wt = g.vec(n * k);
+    let bias = g.vec(n);
+    let isa = Isa::detect();
+    let mut all = vec![0.0; t * n];
+    matmul(isa, &mut all, &inp, &w, &bias, t, k, n);
+    let mut all_t = vec![0.0; t * n];
+    matmul_t(isa, &mut all_t, &inp, &wt, t, k, n);
+    for r in 0..t {
+        let mut one = vec![0.0; n];
+        matmul(isa, &mut one, &inp[r * k..(r + 1) * k], &w, &bias, 1, k, n);
+        assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "matmul row {r}");
+        matmul_t(isa, &mut one, &inp[r * k..(r + 1) * k], &wt, 1, k, n);
+        assert_eq!(bits(&one), bits(&all_t[r * n..(r + 1) * n]), "matmul_t row {r}");
+    }
+    for threads in [1, 2, 3] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let (big_t, big_k, big_n) = (33, 768, 2304);
+        let mut g = Gen(9);
+        let (inp, w, bias) = (g.vec(big_t * big_k), g.vec(big_k * big_n), g.vec(big_n));
+        let mut out = vec![0.0; big_t * big_n];
+        pool.install(|| matmul(isa, &mut out, &inp, &w, &bias, big_t, big_k, big_n));
+        let mut serial = vec![0.0; big_t * big_n];
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| matmul(Isa::scalar(), &mut serial, &inp, &w, &bias, big_t, big_k, big_n));
+        assert_eq!(bits(&out), bits(&serial), "{threads} threads");
+    }
+}
+
+#[test]
+fn layernorm_gelu_softmax_every_path() {
+    for &c in &[1usize, 7, 17, 63, 64, 257, 768] {
+        let t = 3;
+        let mut g = Gen(c as u64);
+        let inp: Vec<f32> = g.vec(t * c).iter().map(|x| x * 3.0 + 0.5).collect();
+        let w = g.vec(c);
+        let b = g.vec(c);
+        let mut want = vec![0.0f64; t * c];
+        for r in 0..t {
+            let row = &inp[r * c..(r + 1) * c];
+            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / c as f64;
+            let var = row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / c as f64;
+            for i in 0..c {
+                want[r * c + i] = (row[i] as f64 - mean) / (var + 1e-5).sqrt() * w[i] as f64 + b[i] as f64;
+            }
+        }
+        let mut reference = vec![0.0; t * c];
+        layernorm(Isa::scalar(), &mut reference, &inp, &w, &b, t, c, 1e-5);
+        let mut gel_ref = inp.clone();
+        gelu_new(Isa::scalar(), &mut gel_ref);
+        let mut sm_ref = inp.clone();
+        softmax_inplace(Isa::scalar(), &mut sm_ref);
+        let sm_want: Vec<f64> = {
+            let m = inp.iter().fold(f64::MIN, |a, &x| a.max(x as f64));
+            let e: Vec<f64> = inp.iter().map(|&x| (x as f64 - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.iter().map(|x| x / s).collect()
+        };
+        for isa in Isa::available() {
+            let mut out = vec![0.0; t * c];
+            layernorm(isa, &mut out, &inp, &w, &b, t, c, 1e-5);
+            assert_eq!(bits(&out), bits(&reference), "layernorm {} c={c}", isa.name());
+            close(&out, &want, 2e-5, "layernorm");
+            let mut gel = inp.clone();
+            gelu_new(isa, &mut gel);
+            assert_eq!(bits(&gel), bits(&gel_ref), "gelu {} c={c}", isa.name());
+            let mut sm = inp.clone();
+            softmax_inplace(isa, &mut sm);
+            assert_eq!(bits(&sm), bits(&sm_ref), "softmax {} c={c}", isa.name());
+            close(&sm, &sm_want, 1e-6, "softmax");
+        }
+    }
+}
+
+#[test]
+fn attention_every_path_and_cached_equals_full() {
+    let (nh, hs, t_max) = (3usize, 17usize, 40usize);
+    let c = nh * hs;
+    for &total in &[1usize, 2, 7, 33] {
+        let mut g = Gen(total as u64 + 100);
+        let q = g.vec(total * 3 * c); // rows laid out like c_attn's [q | k | v]
+        let k_cache = g.vec(nh * t_max * hs);
+        let v_cache = g.vec(nh * t_max * hs);
+        let scale = 1.0 / (hs as f32).sqrt();
+        let dims = |t, p| AttnDims { t, p, nh, hs, t_max, scale };
+        // Naive reference.
+        let mut want = vec![0.0f64; total * c];
+        let mut want_probs = vec![0.0f64; nh * total * total];
+        for h in 0..nh {
+            for i in 0..total {
+                let qi = &q[i * 3 * c + h * hs..][..hs];
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let kj = &k_cache[(h * t_max + j) * hs..][..hs];
+                        qi.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for j in 0..=i {
+                    want_probs[(h * total + i) * total + j] = e[j] / z;
+                    for d in 0..hs {
+                        want[i * c + h * hs + d] += e[j] / z * v_cache[(h * t_max + j) * hs + d] as f64;
+                    }
+                }
+            }
+        }
+        let mut scratch = vec![0.0; nh * t_max];
+        let mut reference = vec![0.0; total * c];
+        attention(Isa::scalar(), &mut reference, None, &q, 3 * c, &k_cache, &v_cache, &mut scratch, dims(total, 0));
+        for isa in Isa::available() {
+            let mut out = vec![0.0; total * c];
+            let mut probs = vec![f32::NAN; nh * total * total];
+            attention(isa, &mut out, Some(&mut probs), &q, 3 * c, &k_cache, &v_cache, &mut scratch, dims(total, 0));
+            assert_eq!(bits(&out), bits(&reference), "attention {} T={total}", isa.name());
+            close(&out, &want, 1e-5, "attention out");
+            close(&probs, &want_probs, 1e-6, "attention probs");
+            // The last query alone over the cache (decode) gives the same bits as its full row.
+            let mut last = vec![0.0; c];
+            let p = total - 1;
+            attention(isa, &mut last, None, &q[p * 3 * c..], 3 * c, &k_cache, &v_cache, &mut scratch, dims(1, p));
+            assert_eq!(bits(&last), bits(&reference[p * c..]), "decode row {}", isa.name());
+        }
+    }
+}
