@@ -1,1 +1,51 @@
+//! kvgpt: a from-scratch GPT-2 / DistilGPT-2 inference engine with a per-layer KV cache.
+//!
+//! Data flow: text → [`Tokenizer`] → ids → [`Model::forward`] (writes K/V into a [`KvCache`],
+//! reports named points to a [`Tap`]) → logits → [`Sampler`] → next id, looped by [`generate()`].
 
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod hub;
+pub mod kv_cache;
+pub mod model;
+pub mod sampler;
+pub mod tap;
+pub mod tokenizer;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use generate::{generate, FinishReason, GenerateOptions, Generation, Timings};
+pub use hub::{Locate, ModelFiles, TokenizerFiles};
+pub use kv_cache::{KvCache, KvPart};
+pub use model::{Model, Scratch};
+pub use sampler::{Sampler, Sampling};
+pub use tap::{NoTap, Point, Recorder, Tap};
+pub use tokenizer::{StreamDecoder, Tokenizer};
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub files: ModelFiles,
+}
+
+/// Loads the model and tokenizer of `files` and checks that they agree.
+pub fn load(files: &ModelFiles) -> Result<Loaded> {
+    let tokenizer = match &files.tokenizer {
+        TokenizerFiles::Json(p) => Tokenizer::from_json_file(p)?,
+        TokenizerFiles::VocabMerges { vocab, merges } => Tokenizer::from_vocab_merges(vocab, merges)?,
+    };
+    let model = Model::load(&files.config, &files.weights)?;
+    if tokenizer.vocab_size() != model.config.vocab_size {
+        return Err(Error::Tokenizer(format!(
+            "the tokenizer has {} tokens but the model's vocabulary (vocab_size in {}) has {}; \
+             use the tokenizer that belongs to this model",
+            tokenizer.vocab_size(),
+            files.config.display(),
+            model.config.vocab_size
+        )));
+    }
+    Ok(Loaded { model, tokenizer, files: files.clone() })
+}

@@ -275,3 +275,11 @@ pub fn attention(
         scratch.chunks_mut(kv).enumerate().for_each(|(h, row)| head(h, row));
     }
 }
+
+/// Maps a file read-only. It lives here because this crate holds all of the project's `unsafe`.
+pub fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the map is read-only. Another process truncating or rewriting the file while it is
+    // mapped could change the bytes or fault; callers only read it while loading a checkpoint,
+    // and safetensors validates every offset against the map's length first.
+    unsafe { memmap2::Mmap::map(file) }
+}

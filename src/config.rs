@@ -1,0 +1,156 @@
+//! GPT-2 hyper-parameters from `config.json`: parsing, validation and derived sizes.
+
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// The hyper-parameters the forward pass needs. Dimension names: `L` = n_layer, `NH` = n_head,
+/// `C` = n_embd, `HS` = head size, `F` = n_inner, `V` = vocab_size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    pub n_positions: usize,
+    pub n_inner: usize,
+    pub vocab_size: usize,
+    pub layer_norm_epsilon: f32,
+    pub scale_attn_weights: bool,
+    pub scale_attn_by_inverse_layer_idx: bool,
+    pub bos_token_id: u32,
+    pub eos_token_id: u32,
+}
+
+impl Config {
+    /// Head size `HS = C / NH`.
+    pub fn head_dim(&self) -> usize {
+        self.n_embd / self.n_head
+    }
+
+    /// The score multiplier of layer `layer`: `1/√HS` (if scaled), divided by `layer+1` (if asked).
+    pub fn attn_scale(&self, layer: usize) -> f32 {
+        let mut s = 1.0f32;
+        if self.scale_attn_weights {
+            s /= (self.head_dim() as f32).sqrt();
+        }
+        if self.scale_attn_by_inverse_layer_idx {
+            s /= (layer + 1) as f32;
+        }
+        s
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| Error::BadConfig {
+            file: path.into(),
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        Config::from_json(&json, path)
+    }
+
+    /// Reads the GPT-2 keys; unknown keys are ignored, unsupported values refused by name.
+    pub fn from_json(json: &Value, path: &Path) -> Result<Config> {
+        let file = path.to_path_buf();
+        let obj = json.as_object().ok_or_else(|| Error::BadConfig {
+            file: file.clone(),
+            reason: "expected a JSON object".into(),
+        })?;
+        let unsupported = |key: &str, value: &Value, why: &str| Error::UnsupportedConfig {
+            file: file.clone(),
+            key: key.into(),
+            value: value.to_string(),
+            why: why.into(),
+        };
+        let get_usize = |keys: &[&str], default: Option<usize>| -> Result<usize> {
+            for key in keys {
+                match obj.get(*key) {
+                    None | Some(Value::Null) => continue,
+                    Some(v) => {
+                        return v
+                            .as_u64()
+                            .filter(|&n| n > 0)
+                            .map(|n| n as usize)
+                            .ok_or_else(|| unsupported(key, v, "expected a positive integer"))
+                    }
+                }
+            }
+            default.ok_or_else(|| Error::BadConfig {
+                file: file.clone(),
+                reason: format!("missing key `{}`", keys[0]),
+            })
+        };
+        let get_bool = |key: &str, default: bool| -> Result<bool> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(v) => v.as_bool().ok_or_else(|| unsupported(key, v, "expected true or false")),
+            }
+        };
+
+        if let Some(v) = obj.get("model_type") {
+            if v.as_str() != Some("gpt2") {
+                return Err(unsupported("model_type", v, "kvgpt runs GPT-2 checkpoints (model_type \"gpt2\")"));
+            }
+        }
+        if let Some(v) = obj.get("activation_function") {
+            if !matches!(v.as_str(), Some("gelu_new") | Some("gelu_pytorch_tanh")) {
+                return Err(unsupported(
+                    "activation_function",
+                    v,
+                    "kvgpt implements GPT-2's tanh GELU (\"gelu_new\" / \"gelu_pytorch_tanh\")",
+                ));
+            }
+        }
+        if get_bool("add_cross_attention", false)? {
+            return Err(unsupported("add_cross_attention", &Value::Bool(true), "encoder-decoder GPT-2 is not supported"));
+        }
+        if !get_bool("tie_word_embeddings", true)? {
+            return Err(unsupported(
+                "tie_word_embeddings",
+                &Value::Bool(false),
+                "GPT-2 ties the vocabulary projection to wte; an untied lm_head is not supported",
+            ));
+        }
+        // reorder_and_upcast_attn only changes precision in fp16 training; in f32 it is the same math.
+        get_bool("reorder_and_upcast_attn", false)?;
+
+        let n_embd = get_usize(&["n_embd", "hidden_size"], None)?;
+        let n_head = get_usize(&["n_head", "num_attention_heads"], None)?;
+        if n_embd % n_head != 0 {
+            return Err(unsupported("n_head", &obj["n_head"], &format!("n_embd ({n_embd}) must be a multiple of it")));
+        }
+        let eps = match obj.get("layer_norm_epsilon") {
+            None | Some(Value::Null) => 1e-5,
+            Some(v) => v
+                .as_f64()
+                .filter(|e| *e > 0.0 && e.is_finite())
+                .ok_or_else(|| unsupported("layer_norm_epsilon", v, "expected a positive number"))?
+                as f32,
+        };
+        let token_id = |key: &str| -> Result<u32> {
+            match obj.get(key) {
+                None | Some(Value::Null) => Ok(50256),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| unsupported(key, v, "expected a token id")),
+            }
+        };
+        let cfg = Config {
+            n_layer: get_usize(&["n_layer", "num_hidden_layers"], None)?,
+            n_head,
+            n_embd,
+            n_positions: get_usize(&["n_positions", "n_ctx"], None)?,
+            n_inner: get_usize(&["n_inner"], Some(4 * n_embd))?,
+            vocab_size: get_usize(&["vocab_size"], None)?,
+            layer_norm_epsilon: eps,
+            scale_attn_weights: get_bool("scale_attn_weights", true)?,
+            scale_attn_by_inverse_layer_idx: get_bool("scale_attn_by_inverse_layer_idx", false)?,
+            bos_token_id: token_id("bos_token_id")?,
+            eos_token_id: token_id("eos_token_id")?,
+        };
+        if cfg.eos_token_id as usize >= cfg.vocab_size {
+            return Err(unsupported("eos_token_id", &obj["eos_token_id"], "outside the vocabulary"));
+        }
+        Ok(cfg)
+    }
+}

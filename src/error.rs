@@ -1,0 +1,60 @@
+//! One error type for the library: every variant says what was wrong and what to do.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    #[error("{path} not found; {hint}")]
+    MissingFile { path: PathBuf, hint: String },
+
+    #[error("{file}: tensor `{name}` is missing (looked for it with and without the `transformer.` prefix)")]
+    MissingTensor { name: String, file: PathBuf },
+
+    #[error("{file}: tensor `{name}` has shape {got:?}, expected {want:?} from config.json")]
+    WrongShape { name: String, file: PathBuf, got: Vec<usize>, want: Vec<usize> },
+
+    #[error("{file}: tensor `{name}` has dtype {got}; kvgpt reads F32, F16 and BF16 tensors")]
+    WrongDtype { name: String, file: PathBuf, got: String },
+
+    #[error("{file} is not a valid safetensors file ({reason}); re-download or re-save it")]
+    CorruptWeights { file: PathBuf, reason: String },
+
+    #[error("{file}: `{key}` = {value} is not supported: {why}")]
+    UnsupportedConfig { file: PathBuf, key: String, value: String, why: String },
+
+    #[error("{file}: {reason}")]
+    BadConfig { file: PathBuf, reason: String },
+
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    #[error(
+        "prompt of {prompt} tokens + {new} new tokens exceeds the model's {n_positions} positions; \
+         shorten the prompt or lower --max-new-tokens to at most {room}",
+        room = n_positions.saturating_sub(*prompt)
+    )]
+    ContextOverflow { prompt: usize, new: usize, n_positions: usize },
+
+    #[error("KV cache overflow: {len} cached + {new} new positions exceed its {capacity} positions")]
+    CacheOverflow { len: usize, new: usize, capacity: usize },
+
+    #[error("token id {id} is outside the model's vocabulary of {vocab}")]
+    BadTokenId { id: u32, vocab: usize },
+
+    #[error("{0}")]
+    Hub(String),
+
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,174 @@
+//! Locating a model: a local folder, or a Hugging Face Hub id resolved through the standard HF
+//! cache (downloaded with hf-hub when online, with a progress bar on a terminal).
+
+use crate::error::{Error, Result};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// The default model.
+pub const DEFAULT_MODEL: &str = "distilbert/distilgpt2";
+
+/// Where a model's files are.
+#[derive(Clone, Debug)]
+pub struct ModelFiles {
+    /// What the user named: a folder path or a hub id.
+    pub name: String,
+    pub config: PathBuf,
+    pub weights: PathBuf,
+    pub tokenizer: TokenizerFiles,
+}
+
+#[derive(Clone, Debug)]
+pub enum TokenizerFiles {
+    Json(PathBuf),
+    VocabMerges { vocab: PathBuf, merges: PathBuf },
+}
+
+/// How to find a model named on the command line.
+#[derive(Clone, Debug)]
+pub struct Locate {
+    /// Use only the local HF cache, never the network.
+    pub offline: bool,
+    /// The HF hub cache folder (`…/huggingface/hub`).
+    pub cache_dir: PathBuf,
+}
+
+impl Locate {
+    /// Reads the standard variables: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
+    /// `~/.cache/huggingface/hub`; offline when `offline` or `HF_HUB_OFFLINE` is 1/true/yes/on.
+    pub fn from_env(offline: bool) -> Locate {
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let cache_dir = env("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+            env("HF_HOME")
+                .map(|h| PathBuf::from(h).join("hub"))
+                .unwrap_or_else(|| hf_hub::Cache::default().path().clone())
+        });
+        let env_offline = std::env::var("HF_HUB_OFFLINE")
+            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+            .unwrap_or(false);
+        Locate { offline: offline || env_offline, cache_dir }
+    }
+
+    /// Resolves `spec`: an existing folder is used as it is; anything else is a hub id.
+    pub fn resolve(&self, spec: &str) -> Result<ModelFiles> {
+        let path = Path::new(spec);
+        if path.is_dir() {
+            return local_folder(path);
+        }
+        if path.exists() {
+            return Err(Error::Invalid(format!(
+                "--model {spec} is a file; pass the folder that holds config.json, model.safetensors and tokenizer.json"
+            )));
+        }
+        let looks_like_path = spec.starts_with(['.', '/', '~']) || spec.matches('/').count() > 1 || spec.contains('\\');
+        if looks_like_path {
+            return Err(Error::MissingFile {
+                path: path.into(),
+                hint: "--model takes a folder (config.json, model.safetensors, tokenizer.json) or a hub id like distilbert/distilgpt2".into(),
+            });
+        }
+        self.hub(spec)
+    }
+
+    /// The files of hub model `id`, from the cache or (online) downloaded into it.
+    fn hub(&self, id: &str) -> Result<ModelFiles> {
+        let cache = hf_hub::Cache::new(self.cache_dir.clone()).model(id.to_string());
+        let api = if self.offline {
+            None
+        } else {
+            let api = hf_hub::api::sync::ApiBuilder::new()
+                .with_cache_dir(self.cache_dir.clone())
+                .with_progress(false)
+                .build()
+                .map_err(|e| Error::Hub(format!("could not set up the Hugging Face Hub client: {e}")))?;
+            Some(api.model(id.to_string()))
+        };
+        let fetch = |file: &str| -> Result<PathBuf> {
+            if let Some(p) = cache.get(file) {
+                return Ok(p);
+            }
+            let Some(repo) = &api else {
+                return Err(Error::Hub(format!(
+                    "{id}/{file} is not in the local Hugging Face cache ({}) and offline mode is on \
+                     (--offline or HF_HUB_OFFLINE); run once online, or pass a local folder with \
+                     --model /path/to/folder (config.json, model.safetensors, tokenizer.json)",
+                    self.cache_dir.display()
+                )));
+            };
+            let progress = std::io::stderr().is_terminal().then(DownloadBar::default);
+            let got = match progress {
+                Some(bar) => repo.download_with_progress(file, bar),
+                None => repo.download_with_progress(file, ()),
+            };
+            got.map_err(|e| {
+                Error::Hub(format!(
+                    "could not fetch {id}/{file} from the Hugging Face Hub ({e}); if this machine is \
+                     offline, pass a local folder with --model /path/to/folder (config.json, \
+                     model.safetensors, tokenizer.json)"
+                ))
+            })
+        };
+        let config = fetch("config.json")?;
+        let weights = fetch("model.safetensors")?;
+        let tokenizer = match fetch("tokenizer.json") {
+            Ok(p) => TokenizerFiles::Json(p),
+            Err(first) => match (fetch("vocab.json"), fetch("merges.txt")) {
+                (Ok(vocab), Ok(merges)) => TokenizerFiles::VocabMerges { vocab, merges },
+                _ => return Err(first),
+            },
+        };
+        Ok(ModelFiles { name: id.to_string(), config, weights, tokenizer })
+    }
+}
+
+/// A model folder on disk.
+pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
+    let need = |f: &str| -> Result<PathBuf> {
+        let p = dir.join(f);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::MissingFile {
+                path: p,
+                hint: "a model folder needs config.json, model.safetensors and tokenizer.json (or vocab.json + merges.txt)".into(),
+            })
+        }
+    };
+    let config = need("config.json")?;
+    let weights = need("model.safetensors")?;
+    let tokenizer = match need("tokenizer.json") {
+        Ok(p) => TokenizerFiles::Json(p),
+        Err(first) => match (need("vocab.json"), need("merges.txt")) {
+            (Ok(vocab), Ok(merges)) => TokenizerFiles::VocabMerges { vocab, merges },
+            _ => return Err(first),
+        },
+    };
+    Ok(ModelFiles { name: dir.display().to_string(), config, weights, tokenizer })
+}
+
+/// Download progress on stderr.
+#[derive(Default)]
+struct DownloadBar(Option<indicatif::ProgressBar>);
+
+impl hf_hub::api::Progress for DownloadBar {
+    fn init(&mut self, size: usize, filename: &str) {
+        let bar = indicatif::ProgressBar::new(size as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_message(filename.to_string());
+        self.0 = Some(bar);
+    }
+    fn update(&mut self, size: usize) {
+        if let Some(b) = &self.0 {
+            b.inc(size as u64);
+        }
+    }
+    fn finish(&mut self) {
+        if let Some(b) = self.0.take() {
+            b.finish();
+        }
+    }
+}

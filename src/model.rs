@@ -1,0 +1,286 @@
+//! The model: GPT-2 weights named as in the checkpoint (`wte`, `wpe`, `h[i].ln_1`, `c_attn`,
+//! `c_proj`, `ln_2`, `c_fc`, `ln_f`) and one forward pass for every use.
+//!
+//! Dimensions: `T` tokens in this call, `P` tokens already cached, `C` channels, `NH` heads,
+//! `HS` head size, `F` MLP width, `V` vocabulary, `R` rows whose logits are wanted.
+
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::tap::{Point, Tap};
+use kvgpt_kernels::{self as k, AttnDims, Isa};
+use std::path::Path;
+
+pub struct LayerNorm {
+    pub weight: Vec<f32>, // [C]
+    pub bias: Vec<f32>,   // [C]
+}
+
+/// GPT-2's Conv1D: `y = x @ weight + bias`, weight stored `[in, out]`.
+pub struct Conv1D {
+    pub weight: Vec<f32>, // [n_in, n_out]
+    pub bias: Vec<f32>,   // [n_out]
+    pub n_in: usize,
+    pub n_out: usize,
+}
+
+pub struct Block {
+    pub ln_1: LayerNorm,
+    pub c_attn: Conv1D,      // [C, 3C]
+    pub attn_c_proj: Conv1D, // [C, C]
+    pub ln_2: LayerNorm,
+    pub c_fc: Conv1D,       // [C, F]
+    pub mlp_c_proj: Conv1D, // [F, C]
+}
+
+/// An immutable GPT-2. All state of a run lives in the [`KvCache`] and the [`Scratch`].
+pub struct Model {
+    pub config: Config,
+    pub wte: Vec<f32>, // [V, C], also the (tied) vocabulary projection
+    pub wpe: Vec<f32>, // [n_positions, C]
+    pub h: Vec<Block>,
+    pub ln_f: LayerNorm,
+    /// The dtype the weights were stored in (computation is f32).
+    pub stored_dtype: String,
+    isa: Isa,
+}
+
+/// Work buffers of the forward pass, sized for the largest `T` seen and then reused: decoding
+/// allocates nothing.
+pub struct Scratch {
+    rows: usize,
+    x: Vec<f32>,      // [T, C] the residual stream
+    xn: Vec<f32>,     // [T, C] LayerNorm output
+    qkv: Vec<f32>,    // [T, 3C]
+    att: Vec<f32>,    // [T, C] attention output (heads side by side)
+    proj: Vec<f32>,   // [T, C] c_proj outputs
+    fc: Vec<f32>,     // [T, F]
+    scores: Vec<f32>, // [NH, n_positions] one score row per head
+    probs: Vec<f32>,  // [NH, T, P+T] only when a tap asks for attention weights
+}
+
+impl Scratch {
+    /// Buffers for calls of up to `rows` tokens (more are allocated on demand).
+    pub fn new(cfg: &Config, rows: usize) -> Scratch {
+        let mut s = Scratch {
+            rows: 0,
+            x: vec![],
+            xn: vec![],
+            qkv: vec![],
+            att: vec![],
+            proj: vec![],
+            fc: vec![],
+            scores: vec![0.0; cfg.n_head * cfg.n_positions],
+            probs: vec![],
+        };
+        s.ensure(cfg, rows);
+        s
+    }
+
+    fn ensure(&mut self, cfg: &Config, rows: usize) {
+        if rows <= self.rows {
+            return;
+        }
+        let c = cfg.n_embd;
+        self.x.resize(rows * c, 0.0);
+        self.xn.resize(rows * c, 0.0);
+        self.qkv.resize(rows * 3 * c, 0.0);
+        self.att.resize(rows * c, 0.0);
+        self.proj.resize(rows * c, 0.0);
+        self.fc.resize(rows * cfg.n_inner, 0.0);
+        self.rows = rows;
+    }
+}
+
+impl Conv1D {
+    fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Conv1D> {
+        Ok(Conv1D {
+            weight: ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?.data,
+            bias: ck.tensor(&format!("{name}.bias"), &[n_out])?.data,
+            n_in,
+            n_out,
+        })
+    }
+
+    /// `out[T, n_out] = inp[T, n_in] @ weight + bias`.
+    fn forward(&self, isa: Isa, out: &mut [f32], inp: &[f32], t: usize) {
+        k::matmul(isa, out, inp, &self.weight, &self.bias, t, self.n_in, self.n_out);
+    }
+}
+
+impl LayerNorm {
+    fn load(ck: &Checkpoint, name: &str, c: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: ck.tensor(&format!("{name}.weight"), &[c])?.data,
+            bias: ck.tensor(&format!("{name}.bias"), &[c])?.data,
+        })
+    }
+
+    /// `out[T, C] = layernorm(inp[T, C])`.
+    fn forward(&self, isa: Isa, out: &mut [f32], inp: &[f32], t: usize, eps: f32) {
+        k::layernorm(isa, out, inp, &self.weight, &self.bias, t, self.weight.len(), eps);
+    }
+}
+
+/// Reports `data` at `point` if the tap wants it.
+fn report(tap: &mut dyn Tap, point: Point, shape: &[usize], data: &[f32]) {
+    if tap.wants(point) {
+        tap.record(point, shape, data);
+    }
+}
+
+impl Model {
+    /// Loads `config.json` and `model.safetensors`.
+    pub fn load(config_path: &Path, weights_path: &Path) -> Result<Model> {
+        let config = Config::from_file(config_path)?;
+        let ck = Checkpoint::open(weights_path)?;
+        ck.check_names(&config)?;
+        let (c, f) = (config.n_embd, config.n_inner);
+        let wte = ck.tensor("wte.weight", &[config.vocab_size, c])?;
+        let stored_dtype = format!("{:?}", wte.dtype).to_lowercase();
+        let h = (0..config.n_layer)
+            .map(|i| {
+                let p = format!("h.{i}");
+                Ok(Block {
+                    ln_1: LayerNorm::load(&ck, &format!("{p}.ln_1"), c)?,
+                    c_attn: Conv1D::load(&ck, &format!("{p}.attn.c_attn"), c, 3 * c)?,
+                    attn_c_proj: Conv1D::load(&ck, &format!("{p}.attn.c_proj"), c, c)?,
+                    ln_2: LayerNorm::load(&ck, &format!("{p}.ln_2"), c)?,
+                    c_fc: Conv1D::load(&ck, &format!("{p}.mlp.c_fc"), c, f)?,
+                    mlp_c_proj: Conv1D::load(&ck, &format!("{p}.mlp.c_proj"), f, c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Model {
+            wte: wte.data,
+            wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?.data,
+            h,
+            ln_f: LayerNorm::load(&ck, "ln_f", c)?,
+            stored_dtype,
+            isa: Isa::detect(),
+            config,
+        })
+    }
+
+    /// The same model running another compiled copy of the kernels (for tests and benchmarks).
+    pub fn with_isa(mut self, isa: Isa) -> Model {
+        self.isa = isa;
+        self
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Bytes of all weights as held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let conv = |c: &Conv1D| c.weight.len() + c.bias.len();
+        let ln = |l: &LayerNorm| l.weight.len() + l.bias.len();
+        let blocks: usize = self
+            .h
+            .iter()
+            .map(|b| ln(&b.ln_1) + conv(&b.c_attn) + conv(&b.attn_c_proj) + ln(&b.ln_2) + conv(&b.c_fc) + conv(&b.mlp_c_proj))
+            .sum();
+        4 * (self.wte.len() + self.wpe.len() + blocks + ln(&self.ln_f))
+    }
+
+    /// The forward pass over `ids` at positions `cache.len()..cache.len()+T`.
+    ///
+    /// Prefill calls it with the prompt (T > 1), decode with one token, the uncached mode with the
+    /// whole sequence and an empty cache: the same code. K and V of the new tokens are written into
+    /// the cache; `logits` (`[R, V]`, R ≥ 1) receives the logits of the last R tokens.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        scratch: &mut Scratch,
+        tap: &mut dyn Tap,
+        logits: &mut [f32],
+    ) -> Result<()> {
+        let cfg = &self.config;
+        let (t, p) = (ids.len(), cache.len());
+        let (c, nh, hs, f, v) = (cfg.n_embd, cfg.n_head, cfg.head_dim(), cfg.n_inner, cfg.vocab_size);
+        let (isa, eps) = (self.isa, cfg.layer_norm_epsilon);
+        let r = logits.len() / v;
+        if t == 0 || r == 0 || r > t || logits.len() != r * v {
+            return Err(Error::Invalid(format!(
+                "forward needs at least one token and logits for 1..={t} rows of {v} (got {} floats)",
+                logits.len()
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
+            return Err(Error::BadTokenId { id, vocab: v });
+        }
+        cache.check_room(t)?;
+        tap.begin(p, t);
+        scratch.ensure(cfg, t);
+        let Scratch { x, xn, qkv, att, proj, fc, scores, probs, .. } = scratch;
+        let (x, xn, qkv) = (&mut x[..t * c], &mut xn[..t * c], &mut qkv[..t * 3 * c]);
+        let (att, proj, fc) = (&mut att[..t * c], &mut proj[..t * c], &mut fc[..t * f]);
+
+        // Token plus position embeddings.                                          x: [T, C]
+        for (i, &id) in ids.iter().enumerate() {
+            let (tok, pos) = (&self.wte[id as usize * c..][..c], &self.wpe[(p + i) * c..][..c]);
+            for ((xo, a), b) in x[i * c..(i + 1) * c].iter_mut().zip(tok).zip(pos) {
+                *xo = a + b;
+            }
+        }
+        report(tap, Point::Embed, &[t, c], x);
+
+        for (l, blk) in self.h.iter().enumerate() {
+            // Attention: x += c_proj(softmax(q kᵀ / √HS, causal) v), q k v from c_attn(ln_1(x)).
+            blk.ln_1.forward(isa, xn, x, t, eps); //                                  [T, C]
+            report(tap, Point::Ln1(l), &[t, c], xn);
+            blk.c_attn.forward(isa, qkv, xn, t); //                                    [T, 3C]
+            report(tap, Point::CAttn(l), &[t, 3 * c], qkv);
+            cache.write(l, qkv, t); //                                 K, V → positions P..P+T
+            let want_probs = tap.wants(Point::AttnProbs(l));
+            if want_probs {
+                probs.resize(nh * t * (p + t), 0.0);
+            }
+            let dims = AttnDims { t, p, nh, hs, t_max: cache.capacity(), scale: cfg.attn_scale(l) };
+            let kv = cache.layer(l);
+            let probs_out = want_probs.then_some(&mut probs[..]);
+            k::attention(isa, att, probs_out, qkv, 3 * c, &kv.k, &kv.v, scores, dims); // [T, C]
+            if want_probs {
+                tap.record(Point::AttnProbs(l), &[nh, t, p + t], probs);
+            }
+            blk.attn_c_proj.forward(isa, proj, att, t); //                             [T, C]
+            report(tap, Point::AttnProj(l), &[t, c], proj);
+            k::add_inplace(x, proj);
+
+            // MLP: x += c_proj(gelu_new(c_fc(ln_2(x)))).
+            blk.ln_2.forward(isa, xn, x, t, eps); //                                  [T, C]
+            report(tap, Point::Ln2(l), &[t, c], xn);
+            blk.c_fc.forward(isa, fc, xn, t); //                                       [T, F]
+            k::gelu_new(isa, fc);
+            report(tap, Point::MlpAct(l), &[t, f], fc);
+            blk.mlp_c_proj.forward(isa, proj, fc, t); //                               [T, C]
+            report(tap, Point::MlpProj(l), &[t, c], proj);
+            k::add_inplace(x, proj);
+            report(tap, Point::Block(l), &[t, c], x);
+        }
+        cache.advance(t);
+
+        // Final LayerNorm and the tied vocabulary projection, only for the rows needed.
+        let first = if tap.wants(Point::LnF) { 0 } else { t - r };
+        self.ln_f.forward(isa, &mut xn[first * c..], &x[first * c..], t - first, eps);
+        report(tap, Point::LnF, &[t - first, c], &xn[first * c..]);
+        k::matmul_t(isa, logits, &xn[(t - r) * c..], &self.wte, r, c, v); //       [R, V]
+        report(tap, Point::Logits, &[r, v], logits);
+        Ok(())
+    }
+
+    /// `ln_f` and the vocabulary projection applied to residual-stream rows `hidden` (`[R, C]`):
+    /// the logit lens. Allocates; for inspection, not for the generation loop.
+    pub fn logits_of_hidden(&self, hidden: &[f32]) -> Vec<f32> {
+        let (c, v) = (self.config.n_embd, self.config.vocab_size);
+        let r = hidden.len() / c;
+        let mut xn = vec![0.0; r * c];
+        self.ln_f.forward(self.isa, &mut xn, hidden, r, self.config.layer_norm_epsilon);
+        let mut out = vec![0.0; r * v];
+        k::matmul_t(self.isa, &mut out, &xn, &self.wte, r, c, v);
+        out
+    }
+}

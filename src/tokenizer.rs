@@ -1,0 +1,205 @@
+//! The GPT-2 byte-level BPE tokenizer: loading (`tokenizer.json`, or `vocab.json` + `merges.txt`),
+//! encode/decode, and a streaming decoder that never emits a broken UTF-8 character.
+
+use crate::error::{Error, Result};
+use std::path::Path;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::AddedToken;
+
+pub const ENDOFTEXT: &str = "<|endoftext|>";
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// The raw bytes of every id (byte-level BPE pieces mapped back through GPT-2's byte table).
+    bytes: Vec<Vec<u8>>,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`, or `dir/vocab.json` + `dir/merges.txt` when there is no
+    /// tokenizer.json.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let json = dir.join("tokenizer.json");
+        if json.exists() {
+            return Tokenizer::from_json_file(&json);
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if vocab.exists() && merges.exists() {
+            return Tokenizer::from_vocab_merges(&vocab, &merges);
+        }
+        Err(Error::MissingFile {
+            path: json,
+            hint: "a model folder needs tokenizer.json (or vocab.json + merges.txt)".into(),
+        })
+    }
+
+    pub fn from_json_file(path: &Path) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Tokenizer::new(inner)
+    }
+
+    pub fn from_vocab_merges(vocab: &Path, merges: &Path) -> Result<Tokenizer> {
+        let to_str = |p: &Path| p.to_string_lossy().into_owned();
+        let bpe = BPE::from_file(&to_str(vocab), &to_str(merges))
+            .build()
+            .map_err(|e| Error::Tokenizer(format!("{} / {}: {e}", vocab.display(), merges.display())))?;
+        let mut inner = tokenizers::Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+        inner.with_decoder(Some(ByteLevel::default()));
+        inner
+            .add_special_tokens(vec![AddedToken::from(ENDOFTEXT, true)])
+            .map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Tokenizer::new(inner)
+    }
+
+    fn new(inner: tokenizers::Tokenizer) -> Result<Tokenizer> {
+        let n = inner.get_vocab_size(true);
+        let table = byte_decoder();
+        let mut bytes = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            let piece = inner
+                .id_to_token(id)
+                .ok_or_else(|| Error::Tokenizer(format!("id {id} has no token; ids must be 0..{n}")))?;
+            let b: Option<Vec<u8>> = piece.chars().map(|c| table.get(c as usize).copied().flatten()).collect();
+            let b = b.ok_or_else(|| {
+                Error::Tokenizer(format!(
+                    "token {id} {piece:?} is not byte-level BPE; kvgpt needs GPT-2's byte-level tokenizer"
+                ))
+            })?;
+            bytes.push(b);
+        }
+        Ok(Tokenizer { inner, bytes })
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Ids of `text`, with no BOS added (as GPT-2 does); `<|endoftext|>` in the text is the special id.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Byte offsets of each token of `text` (as the tokenizer reports them).
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    }
+
+    /// The raw bytes of one token (may be part of a UTF-8 character). Unknown ids give no bytes.
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.bytes.get(id as usize).map_or(&[], |b| b.as_slice())
+    }
+
+    /// The vocabulary entry as stored (byte-level alphabet, e.g. `Ġthe`).
+    pub fn piece(&self, id: u32) -> String {
+        self.inner.id_to_token(id).unwrap_or_default()
+    }
+
+    /// The token as text: its bytes decoded, with U+FFFD where they are not whole UTF-8.
+    pub fn token_text(&self, id: u32) -> String {
+        String::from_utf8_lossy(self.token_bytes(id)).into_owned()
+    }
+
+    /// `decode(ids)` as Hugging Face does it: all bytes joined, invalid UTF-8 replaced by U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id).iter().copied()).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// GPT-2's `bytes_to_unicode` inverted: for each char code below 324, the byte it stands for.
+fn byte_decoder() -> Vec<Option<u8>> {
+    let mut table = vec![None; 324];
+    let mut extra = 0usize;
+    for b in 0u16..=255 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let code = if printable {
+            b as usize
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        table[code] = Some(b as u8);
+    }
+    table
+}
+
+/// Turns a stream of token bytes into text, holding back an incomplete UTF-8 character until the
+/// bytes that complete it arrive.
+#[derive(Default)]
+pub struct StreamDecoder {
+    pending: Vec<u8>,
+}
+
+impl StreamDecoder {
+    /// Adds bytes; returns the text that is complete now (possibly empty).
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.pending) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.pending.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let good = e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.pending[..good]).expect("valid prefix"));
+                    match e.error_len() {
+                        // Invalid bytes that no later byte can fix: replace them now, as HF does.
+                        Some(bad) => {
+                            out.push('\u{FFFD}');
+                            self.pending.drain(..good + bad);
+                        }
+                        // An incomplete character at the end: wait for more bytes.
+                        None => {
+                            self.pending.drain(..good);
+                            return out;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// At the end of the stream: whatever is held back, with U+FFFD for the broken character.
+    pub fn finish(&mut self) -> String {
+        let s = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_table_is_a_bijection() {
+        let t = byte_decoder();
+        let mut seen = [false; 256];
+        for b in t.iter().flatten() {
+            assert!(!seen[*b as usize]);
+            seen[*b as usize] = true;
+        }
+        assert!(seen.iter().all(|s| *s));
+        assert_eq!(t['Ġ' as usize], Some(b' '));
+        assert_eq!(t['Ċ' as usize], Some(b'\n'));
+    }
+
+    #[test]
+    fn stream_decoder_holds_split_characters() {
+        let mut d = StreamDecoder::default();
+        let s = "今天".as_bytes();
+        assert_eq!(d.push(&s[..2]), "");
+        assert_eq!(d.push(&s[2..4]), "今");
+        assert_eq!(d.push(&s[4..]), "天");
+        assert_eq!(d.push(&[0xE4, 0xBB]), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+        assert_eq!(d.push(&[b'a', 0xFF, b'b']), "a\u{FFFD}b");
+    }
+}

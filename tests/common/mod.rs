@@ -1,0 +1,99 @@
+//! Shared test helpers: the tiny-gpt2 fixture and its Hugging Face reference outputs.
+#![allow(dead_code)]
+
+use kvgpt::{hub, Loaded};
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+use std::path::PathBuf;
+
+pub fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gpt2")
+}
+
+pub fn load_fixture() -> Loaded {
+    kvgpt::load(&hub::local_folder(&fixture_dir()).expect("fixture folder")).expect("fixture loads")
+}
+
+/// reference.json and reference.safetensors.
+pub struct Reference {
+    pub json: Value,
+    bytes: Vec<u8>,
+}
+
+pub struct RefPrompt {
+    pub key: String,
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub greedy_text: String,
+    pub top5_ids: Vec<u32>,
+    pub top5_probs: Vec<f64>,
+    pub top5_logits: Vec<f64>,
+    pub loss: Option<f64>,
+}
+
+impl Reference {
+    pub fn load() -> Reference {
+        let dir = fixture_dir();
+        let json: Value = serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+        let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+        Reference { json, bytes }
+    }
+
+    pub fn prompts(&self) -> Vec<RefPrompt> {
+        let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+        let f64s = |v: &Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
+        self.json["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| RefPrompt {
+                key: p["key"].as_str().unwrap().into(),
+                text: p["text"].as_str().unwrap().into(),
+                ids: ids(&p["input_ids"]),
+                greedy_ids: ids(&p["greedy"]["ids"]),
+                greedy_text: p["greedy"]["text"].as_str().unwrap().into(),
+                top5_ids: ids(&p["top5_next"]["ids"]),
+                top5_probs: f64s(&p["top5_next"]["probs"]),
+                top5_logits: f64s(&p["top5_next"]["logits"]),
+                loss: p.get("loss").and_then(|l| l.as_f64()),
+            })
+            .collect()
+    }
+
+    /// An f32 tensor: (shape, data); None if absent.
+    pub fn tensor(&self, name: &str) -> Option<(Vec<usize>, Vec<f32>)> {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let t = st.tensor(name).ok()?;
+        assert_eq!(t.dtype(), Dtype::F32, "{name}");
+        let data = t.data().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        Some((t.shape().to_vec(), data))
+    }
+
+    pub fn input_ids(&self, key: &str) -> Vec<u32> {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let t = st.tensor(&format!("{key}.input_ids")).unwrap();
+        assert_eq!(t.dtype(), Dtype::I64);
+        t.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect()
+    }
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "lengths differ");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Asserts |a - b| <= tol everywhere and returns the max difference.
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) -> f32 {
+    let d = max_abs_diff(got, want);
+    assert!(d <= tol, "{what}: max |Δ| = {d:e} > {tol:e}");
+    d
+}
+
+/// Copies the fixture's tokenizer and config files into `dir` (for variant checkpoints).
+pub fn copy_side_files(dir: &std::path::Path) {
+    for f in ["config.json", "tokenizer.json", "vocab.json", "merges.txt"] {
+        std::fs::copy(fixture_dir().join(f), dir.join(f)).unwrap();
+    }
+}
