@@ -63,9 +63,8 @@ impl Checkpoint {
     pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Tensor> {
         let st = self.parse()?;
         let full = format!("{}{name}", self.prefix);
-        let view = st
-            .tensor(&full)
-            .map_err(|_| Error::MissingTensor { name: full.clone(), file: self.file.clone() })?;
+        let view =
+            st.tensor(&full).map_err(|_| Error::MissingTensor { name: full.clone(), file: self.file.clone() })?;
         if view.shape() != want {
             return Err(Error::WrongShape {
                 name: full,
@@ -79,9 +78,7 @@ impl Checkpoint {
             Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => {
-                return Err(Error::WrongDtype { name: full, file: self.file.clone(), got: format!("{other:?}") })
-            }
+            other => return Err(Error::WrongDtype { name: full, file: self.file.clone(), got: format!("{other:?}") }),
         };
         Ok(Tensor { data, dtype: view.dtype() })
     }
@@ -92,7 +89,7 @@ impl Checkpoint {
         let names = self.names()?;
         for name in expected_names(cfg) {
             let full = format!("{}{name}", self.prefix);
-            if !names.iter().any(|n| *n == full) {
+            if !names.contains(&full) {
                 return Err(Error::MissingTensor { name: full, file: self.file.clone() });
             }
         }

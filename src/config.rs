@@ -41,20 +41,17 @@ impl Config {
 
     pub fn from_file(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| Error::BadConfig {
-            file: path.into(),
-            reason: format!("not valid JSON: {e}"),
-        })?;
+        let json: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::BadConfig { file: path.into(), reason: format!("not valid JSON: {e}") })?;
         Config::from_json(&json, path)
     }
 
     /// Reads the GPT-2 keys; unknown keys are ignored, unsupported values refused by name.
     pub fn from_json(json: &Value, path: &Path) -> Result<Config> {
         let file = path.to_path_buf();
-        let obj = json.as_object().ok_or_else(|| Error::BadConfig {
-            file: file.clone(),
-            reason: "expected a JSON object".into(),
-        })?;
+        let obj = json
+            .as_object()
+            .ok_or_else(|| Error::BadConfig { file: file.clone(), reason: "expected a JSON object".into() })?;
         let unsupported = |key: &str, value: &Value, why: &str| Error::UnsupportedConfig {
             file: file.clone(),
             key: key.into(),
@@ -74,10 +71,7 @@ impl Config {
                     }
                 }
             }
-            default.ok_or_else(|| Error::BadConfig {
-                file: file.clone(),
-                reason: format!("missing key `{}`", keys[0]),
-            })
+            default.ok_or_else(|| Error::BadConfig { file: file.clone(), reason: format!("missing key `{}`", keys[0]) })
         };
         let get_bool = |key: &str, default: bool| -> Result<bool> {
             match obj.get(key) {
@@ -101,7 +95,11 @@ impl Config {
             }
         }
         if get_bool("add_cross_attention", false)? {
-            return Err(unsupported("add_cross_attention", &Value::Bool(true), "encoder-decoder GPT-2 is not supported"));
+            return Err(unsupported(
+                "add_cross_attention",
+                &Value::Bool(true),
+                "encoder-decoder GPT-2 is not supported",
+            ));
         }
         if !get_bool("tie_word_embeddings", true)? {
             return Err(unsupported(

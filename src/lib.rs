@@ -33,10 +33,7 @@ pub struct Loaded {
 
 /// Loads the model and tokenizer of `files` and checks that they agree.
 pub fn load(files: &ModelFiles) -> Result<Loaded> {
-    let tokenizer = match &files.tokenizer {
-        TokenizerFiles::Json(p) => Tokenizer::from_json_file(p)?,
-        TokenizerFiles::VocabMerges { vocab, merges } => Tokenizer::from_vocab_merges(vocab, merges)?,
-    };
+    let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
     let model = Model::load(&files.config, &files.weights)?;
     if tokenizer.vocab_size() != model.config.vocab_size {
         return Err(Error::Tokenizer(format!(

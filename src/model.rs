@@ -180,7 +180,9 @@ impl Model {
         let blocks: usize = self
             .h
             .iter()
-            .map(|b| ln(&b.ln_1) + conv(&b.c_attn) + conv(&b.attn_c_proj) + ln(&b.ln_2) + conv(&b.c_fc) + conv(&b.mlp_c_proj))
+            .map(|b| {
+                ln(&b.ln_1) + conv(&b.c_attn) + conv(&b.attn_c_proj) + ln(&b.ln_2) + conv(&b.c_fc) + conv(&b.mlp_c_proj)
+            })
             .sum();
         4 * (self.wte.len() + self.wpe.len() + blocks + ln(&self.ln_f))
     }

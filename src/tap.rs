@@ -104,7 +104,7 @@ pub struct Recorded {
 /// forward call; the calls of a run are kept in order.
 #[derive(Default)]
 pub struct Recorder {
-    filter: Option<Vec<fn(Point) -> bool>>,
+    filter: Option<fn(Point) -> bool>,
     /// One map per forward call.
     pub calls: Vec<BTreeMap<Point, Recorded>>,
 }
@@ -117,7 +117,7 @@ impl Recorder {
 
     /// Records the points for which `f` is true.
     pub fn only(f: fn(Point) -> bool) -> Recorder {
-        Recorder { filter: Some(vec![f]), ..Recorder::default() }
+        Recorder { filter: Some(f), ..Recorder::default() }
     }
 
     /// The tensor at `point` in call `call`.
@@ -133,13 +133,15 @@ impl Recorder {
 
 impl Tap for Recorder {
     fn wants(&self, point: Point) -> bool {
-        self.filter.as_ref().is_none_or(|fs| fs.iter().any(|f| f(point)))
+        self.filter.is_none_or(|f| f(point))
     }
     fn begin(&mut self, _p: usize, _t: usize) {
         self.calls.push(BTreeMap::new());
     }
     fn record(&mut self, point: Point, shape: &[usize], data: &[f32]) {
-        let Some(call) = self.calls.last_mut() else { return };
+        let Some(call) = self.calls.last_mut() else {
+            return;
+        };
         call.insert(point, Recorded { shape: shape.to_vec(), data: data.to_vec() });
     }
 }

@@ -2,12 +2,19 @@
 //! encode/decode, and a streaming decoder that never emits a broken UTF-8 character.
 
 use crate::error::{Error, Result};
+use crate::hub::TokenizerFiles;
 use std::path::Path;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
 pub const ENDOFTEXT: &str = "<|endoftext|>";
+
+/// Ids and, for each, the byte range `[start, end)` of the text it came from.
+pub struct Encoded {
+    pub ids: Vec<u32>,
+    pub offsets: Vec<(usize, usize)>,
+}
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -33,9 +40,17 @@ impl Tokenizer {
         })
     }
 
+    /// Loads the tokenizer files a model location names.
+    pub fn from_files(files: &TokenizerFiles) -> Result<Tokenizer> {
+        match files {
+            TokenizerFiles::Json(p) => Tokenizer::from_json_file(p),
+            TokenizerFiles::VocabMerges { vocab, merges } => Tokenizer::from_vocab_merges(vocab, merges),
+        }
+    }
+
     pub fn from_json_file(path: &Path) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         Tokenizer::new(inner)
     }
 
@@ -82,10 +97,10 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Byte offsets of each token of `text` (as the tokenizer reports them).
-    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    /// Ids of `text` with the byte range of the text each token came from.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<Encoded> {
         let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+        Ok(Encoded { ids: enc.get_ids().to_vec(), offsets: enc.get_offsets().to_vec() })
     }
 
     /// The raw bytes of one token (may be part of a UTF-8 character). Unknown ids give no bytes.

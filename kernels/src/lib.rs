@@ -87,16 +87,7 @@ unsafe impl Sync for SendPtr {}
 /// `out[T, N] = inp[T, K] @ w[K, N] + bias[N]` — GPT-2's Conv1D, weights stored `[in, out]`.
 ///
 /// Each element: `acc = 0; for i in 0..K { acc = fma(inp[t, i], w[i, n], acc) }; out = acc + bias`.
-pub fn matmul(
-    isa: Isa,
-    out: &mut [f32],
-    inp: &[f32],
-    w: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-) {
+pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) {
     assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n && bias.len() >= n);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let run = |c0: usize, c1: usize| {
@@ -109,9 +100,7 @@ pub fn matmul(
         run(0, n);
     } else {
         let chunks = n.div_ceil(PAR_COLS);
-        (0..chunks)
-            .into_par_iter()
-            .for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
+        (0..chunks).into_par_iter().for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
     }
 }
 
@@ -132,9 +121,7 @@ pub fn matmul_t(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: 
         run(0, n);
     } else {
         let per = 256;
-        (0..n.div_ceil(per))
-            .into_par_iter()
-            .for_each(|c| run(c * per, ((c + 1) * per).min(n)));
+        (0..n.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(n)));
     }
 }
 
@@ -145,26 +132,10 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `out[T, C] = (inp - mean) / sqrt(var + eps) * weight + bias`, per row, biased variance.
-pub fn layernorm(
-    isa: Isa,
-    out: &mut [f32],
-    inp: &[f32],
-    weight: &[f32],
-    bias: &[f32],
-    t: usize,
-    c: usize,
-    eps: f32,
-) {
+pub fn layernorm(isa: Isa, out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], t: usize, c: usize, eps: f32) {
     assert!(out.len() >= t * c && inp.len() >= t * c && weight.len() >= c && bias.len() >= c);
     for r in 0..t {
-        simd::layernorm_row(
-            isa,
-            &mut out[r * c..(r + 1) * c],
-            &inp[r * c..(r + 1) * c],
-            weight,
-            bias,
-            eps,
-        );
+        simd::layernorm_row(isa, &mut out[r * c..(r + 1) * c], &inp[r * c..(r + 1) * c], weight, bias, eps);
     }
 }
 

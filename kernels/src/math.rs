@@ -38,7 +38,7 @@ pub fn tanh_approx(y: f32) -> f32 {
 /// GPT-2's `gelu_new`: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
 #[inline(always)]
 pub fn gelu_new_scalar(x: f32) -> f32 {
-    const S: f32 = 0.797_884_56; // √(2/π)
+    const S: f32 = 0.797_884_6; // √(2/π)
     let inner = S * (0.044715 * x * x).mul_add(x, x);
     0.5 * x * (1.0 + tanh_approx(inner))
 }

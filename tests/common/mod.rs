@@ -41,7 +41,8 @@ impl Reference {
     }
 
     pub fn prompts(&self) -> Vec<RefPrompt> {
-        let ids = |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+        let ids =
+            |v: &Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
         let f64s = |v: &Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
         self.json["prompts"]
             .as_array()

@@ -1,0 +1,160 @@
+//! The `kvgpt` binary as a user runs it, against the reference.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn kvgpt(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(args)
+        .env_remove("HF_HUB_OFFLINE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn ok(out: &Output) -> (String, String) {
+    let (o, e) = (String::from_utf8(out.stdout.clone()).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "kvgpt failed: {e}");
+    (o, e)
+}
+
+fn model() -> String {
+    fixture_dir().display().to_string()
+}
+
+#[test]
+fn generate_streams_the_reference_continuation() {
+    let reference = Reference::load();
+    for (p, raw) in reference.prompts().iter().zip(reference.json["prompts"].as_array().unwrap()) {
+        let n = p.greedy_ids.len().to_string();
+        let (out, err) = ok(&kvgpt(&["generate", &p.text, "--model", &model(), "-n", &n, "--ignore-eos"], None));
+        assert_eq!(out, format!("{}\n", raw["greedy"]["full_text"].as_str().unwrap()), "{}", p.key);
+        assert!(err.contains("prefill") && err.contains("ms/token") && err.contains("load"), "{err}");
+    }
+}
+
+#[test]
+fn generate_json_has_the_documented_fields_and_reference_ids() {
+    let reference = Reference::load();
+    let p = &reference.prompts()[0];
+    let m = model();
+    for extra in [&[][..], &["--no-cache"][..]] {
+        let mut args = vec!["generate", "The cat sat on", "--model", &m, "-n", "40", "--json", "--ignore-eos"];
+        args.extend_from_slice(extra);
+        let (out, _) = ok(&kvgpt(&args, None));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let ids: Vec<u32> = j["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(ids, p.greedy_ids);
+        assert_eq!(j["text"], p.greedy_text.as_str());
+        assert_eq!(j["prompt"], "The cat sat on");
+        assert_eq!(j["prompt_ids"], serde_json::json!([464, 3797, 3332, 319]));
+        assert_eq!(j["finish_reason"], "length");
+        assert!(j["model"].as_str().unwrap().contains("tiny-gpt2"));
+        for k in ["load_ms", "prefill_ms", "decode_ms", "decode_tokens_per_s"] {
+            assert!(j["timings"][k].as_f64().unwrap() >= 0.0, "{k}");
+        }
+    }
+}
+
+#[test]
+fn prompts_come_from_stdin_files_or_nothing() {
+    let reference = Reference::load();
+    let p = &reference.prompts()[1];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, format!("{}\n", p.text)).unwrap();
+    let m = model();
+    let runs = [
+        kvgpt(&["generate", "--model", &m, "-n", "3", "--json"], Some(&format!("{}\n", p.text))),
+        kvgpt(&["generate", "-", "--model", &m, "-n", "3", "--json"], Some(&p.text)),
+        kvgpt(&["generate", "--prompt-file", file.to_str().unwrap(), "--model", &m, "-n", "3", "--json"], None),
+    ];
+    for out in &runs {
+        let j: serde_json::Value = serde_json::from_str(&ok(out).0).unwrap();
+        let ids: Vec<u32> = j["prompt_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(ids, p.ids);
+        assert_eq!(j["generated_ids"][0], p.greedy_ids[0]);
+    }
+    // An empty prompt starts from <|endoftext|>.
+    let (out, _) = ok(&kvgpt(&["generate", "", "--model", &m, "-n", "2", "--json"], None));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["prompt_ids"], serde_json::json!([50256]));
+}
+
+#[test]
+fn sampling_is_reproducible_and_seed_dependent() {
+    let m = model();
+    let run = |seed: &str| {
+        let args = [
+            "generate",
+            "Hello",
+            "--model",
+            &m,
+            "-n",
+            "20",
+            "--temperature",
+            "1.5",
+            "--top-k",
+            "100",
+            "--top-p",
+            "0.95",
+            "--seed",
+            seed,
+            "--json",
+            "--ignore-eos",
+        ];
+        let j: serde_json::Value = serde_json::from_str(&ok(&kvgpt(&args, None)).0).unwrap();
+        j["generated_ids"].clone()
+    };
+    assert_eq!(run("7"), run("7"));
+    assert_ne!(run("7"), run("8"));
+    // --top-k 1 is greedy whatever the seed.
+    let args = ["generate", "The cat sat on", "--model", &m, "-n", "10", "--top-k", "1", "--seed", "5", "--json"];
+    let j: serde_json::Value = serde_json::from_str(&ok(&kvgpt(&args, None)).0).unwrap();
+    let ids: Vec<u32> = j["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, Reference::load().prompts()[0].greedy_ids[..10]);
+}
+
+#[test]
+fn tokenize_prints_ids_and_pieces() {
+    let (out, _) = ok(&kvgpt(&["tokenize", "The cat sat on", "--model", &model(), "--json"], None));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["ids"], serde_json::json!([464, 3797, 3332, 319]));
+    assert_eq!(j["tokens"], serde_json::json!(["The", " cat", " sat", " on"]));
+    let (out, _) = ok(&kvgpt(&["tokenize", "The cat", "--model", &model()], None));
+    assert!(out.contains("3797") && out.contains("\" cat\""), "{out}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_a_failing_exit() {
+    let m = model();
+    let cases: &[(&[&str], &str)] = &[
+        (&["generate", "x", "--model", &m, "-n", "200"], "exceeds the model's 128 positions"),
+        (&["generate", "x", "--model", &m, "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (&["generate", "x", "--model", &m, "--temperature", "-1"], "--temperature must be"),
+        (&["generate", "x", "--model", "/no/such/folder"], "not found"),
+        (&["generate", "--prompt-file", "/no/such/file", "--model", &m], "could not read the prompt file"),
+        (&["generate", "x", "--model", "distilbert/distilgpt2", "--offline"], "not in the local Hugging Face cache"),
+    ];
+    for (args, msg) in cases {
+        let out = kvgpt(args, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(msg), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Flags clap rejects exit with 2 and a usage message.
+    for args in [&["generate", "x", "-n", "0"][..], &["generate", "x", "--top-k", "0"], &["generate", "--bogus"]] {
+        let out = kvgpt(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

@@ -1,0 +1,282 @@
+//! Checkpoint variants (f16, bf16, the prefix-less layout with mask buffers and lm_head) and
+//! every class of bad input, each with its error.
+
+mod common;
+
+use common::*;
+use half::{bf16, f16};
+use kvgpt::{hub, Error, KvCache, Model, NoTap, Scratch};
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::path::Path;
+
+/// The fixture's tensors as (name, dtype, shape, bytes).
+fn fixture_tensors() -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut v: Vec<_> =
+        st.tensors().into_iter().map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+fn write_checkpoint(dir: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+/// A model folder holding `tensors` next to the fixture's config and tokenizer.
+fn variant(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    copy_side_files(dir.path());
+    write_checkpoint(dir.path(), tensors);
+    dir
+}
+
+fn logits_of(dir: &Path, ids: &[u32]) -> Vec<f32> {
+    let loaded = kvgpt::load(&hub::local_folder(dir).unwrap()).unwrap();
+    let cfg = &loaded.model.config;
+    let mut logits = vec![0.0; ids.len() * cfg.vocab_size];
+    let mut cache = KvCache::new(cfg);
+    loaded.model.forward(ids, &mut cache, &mut Scratch::new(cfg, ids.len()), &mut NoTap, &mut logits).unwrap();
+    logits
+}
+
+#[test]
+fn sixteen_bit_checkpoints_load_exactly_and_match_within_rounding() {
+    let reference = Reference::load();
+    let p1 = &reference.prompts()[1];
+    let (_, want) = reference.tensor("p1.logits").unwrap();
+    let orig = fixture_tensors();
+    // Expected deviation from rounding every weight to 16 bits, measured against the f32 reference:
+    // f16 keeps 11 significant bits, bf16 8, so bf16 errors are ~8x larger.
+    for (dtype, tol) in [(Dtype::F16, 0.04f32), (Dtype::BF16, 0.25f32)] {
+        let converted: Vec<_> = orig
+            .iter()
+            .map(|(n, _, s, b)| {
+                let bytes: Vec<u8> = f32s(b)
+                    .iter()
+                    .flat_map(|&x| match dtype {
+                        Dtype::F16 => f16::from_f32(x).to_le_bytes(),
+                        _ => bf16::from_f32(x).to_le_bytes(),
+                    })
+                    .collect();
+                (n.clone(), dtype, s.clone(), bytes)
+            })
+            .collect();
+        let dir = variant(&converted);
+        let model = Model::load(&dir.path().join("config.json"), &dir.path().join("model.safetensors")).unwrap();
+        // Every weight is exactly the 16-bit value widened to f32.
+        let wte = f32s(&orig.iter().find(|t| t.0 == "transformer.wte.weight").unwrap().3);
+        let rounded: Vec<f32> = wte
+            .iter()
+            .map(|&x| match dtype {
+                Dtype::F16 => f16::from_f32(x).to_f32(),
+                _ => bf16::from_f32(x).to_f32(),
+            })
+            .collect();
+        assert!(model.wte == rounded, "{dtype:?} wte");
+        let logits = logits_of(dir.path(), &p1.ids);
+        let d = assert_close(&format!("{dtype:?} logits"), &logits, &want, tol);
+        println!("{dtype:?}: max |Δlogit| vs f32 reference = {d:.3e} (tolerance {tol})");
+        let greedy = |l: &[f32]| kvgpt::sampler::argmax(&l[l.len() - 50257..]);
+        assert_eq!(greedy(&logits), p1.top5_ids[0], "{dtype:?} top-1");
+    }
+}
+
+#[test]
+fn prefixless_layout_with_mask_buffers_and_lm_head_matches() {
+    let reference = Reference::load();
+    let (_, want) = reference.tensor("p1.logits").unwrap();
+    let mut t: Vec<_> = fixture_tensors()
+        .into_iter()
+        .map(|(n, d, s, b)| (n.trim_start_matches("transformer.").to_string(), d, s, b))
+        .collect();
+    let n_pos = 128;
+    let mask: Vec<u8> =
+        (0..n_pos * n_pos).flat_map(|i| (if i % n_pos <= i / n_pos { 1.0f32 } else { 0.0 }).to_le_bytes()).collect();
+    for l in 0..2 {
+        t.push((format!("h.{l}.attn.bias"), Dtype::F32, vec![1, 1, n_pos, n_pos], mask.clone()));
+        t.push((format!("h.{l}.attn.masked_bias"), Dtype::F32, vec![], (-1e4f32).to_le_bytes().to_vec()));
+    }
+    let wte = t.iter().find(|x| x.0 == "wte.weight").unwrap().clone();
+    t.push(("lm_head.weight".into(), wte.1, wte.2, wte.3));
+    let dir = variant(&t);
+    let p1 = &reference.prompts()[1];
+    let logits = logits_of(dir.path(), &p1.ids);
+    assert_close("prefix-less logits", &logits, &want, 1e-4);
+    assert!(logits == logits_of(&fixture_dir(), &p1.ids), "same bits as the prefixed file");
+}
+
+/// The error a folder with `tensors` and the fixture's side files gives, as text.
+fn load_error(dir: &Path) -> String {
+    match hub::local_folder(dir).and_then(|f| kvgpt::load(&f)) {
+        Ok(_) => panic!("{} loaded but should not", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[track_caller]
+fn assert_mentions(msg: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(msg.contains(p), "error {msg:?} does not mention {p:?}");
+    }
+}
+
+#[test]
+fn missing_files_are_named() {
+    for missing in ["config.json", "model.safetensors"] {
+        let dir = variant(&fixture_tensors());
+        std::fs::remove_file(dir.path().join(missing)).unwrap();
+        assert_mentions(&load_error(dir.path()), &[missing, "not found"]);
+    }
+    let dir = variant(&fixture_tensors());
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    std::fs::remove_file(dir.path().join("merges.txt")).unwrap();
+    assert_mentions(&load_error(dir.path()), &["tokenizer.json", "not found"]);
+}
+
+#[test]
+fn vocab_and_merges_work_without_tokenizer_json() {
+    let dir = variant(&fixture_tensors());
+    std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
+    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    for p in Reference::load().prompts() {
+        assert_eq!(loaded.tokenizer.encode(&p.text).unwrap(), p.ids, "{}", p.key);
+    }
+}
+
+#[test]
+fn bad_tensors_are_named_with_the_file() {
+    let base = fixture_tensors();
+    // Missing tensor.
+    let t: Vec<_> = base.iter().filter(|t| t.0 != "transformer.h.1.mlp.c_fc.bias").cloned().collect();
+    assert_mentions(
+        &load_error(variant(&t).path()),
+        &["transformer.h.1.mlp.c_fc.bias", "missing", "model.safetensors"],
+    );
+    // Wrong shape: c_attn stored [out, in] as nn.Linear would.
+    let t: Vec<_> = base
+        .iter()
+        .map(|t| {
+            if t.0 == "transformer.h.0.attn.c_attn.weight" {
+                (t.0.clone(), t.1, vec![192, 64], t.3.clone())
+            } else {
+                t.clone()
+            }
+        })
+        .collect();
+    assert_mentions(&load_error(variant(&t).path()), &["transformer.h.0.attn.c_attn.weight", "[192, 64]", "[64, 192]"]);
+    // Wrong dtype.
+    let t: Vec<_> = base
+        .iter()
+        .map(|t| {
+            if t.0 == "transformer.ln_f.bias" {
+                (t.0.clone(), Dtype::I32, t.2.clone(), t.3.clone())
+            } else {
+                t.clone()
+            }
+        })
+        .collect();
+    assert_mentions(&load_error(variant(&t).path()), &["transformer.ln_f.bias", "I32", "F32, F16 and BF16"]);
+}
+
+#[test]
+fn truncated_or_corrupt_weights_are_refused() {
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_mentions(&load_error(dir.path()), &["not a valid safetensors file"]);
+    std::fs::write(&path, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all").unwrap();
+    assert_mentions(&load_error(dir.path()), &["not a valid safetensors file"]);
+    std::fs::write(&path, b"abc").unwrap();
+    assert_mentions(&load_error(dir.path()), &["not a valid safetensors file", "3 bytes"]);
+}
+
+fn with_config(edit: impl Fn(&mut serde_json::Value)) -> String {
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    load_error(dir.path())
+}
+
+#[test]
+fn unsupported_configs_name_the_key() {
+    assert_mentions(&with_config(|c| c["activation_function"] = "relu".into()), &["activation_function", "relu"]);
+    assert_mentions(&with_config(|c| c["model_type"] = "bert".into()), &["model_type", "bert"]);
+    assert_mentions(&with_config(|c| c["n_head"] = 5.into()), &["n_head", "multiple"]);
+    assert_mentions(&with_config(|c| c["tie_word_embeddings"] = false.into()), &["tie_word_embeddings"]);
+    assert_mentions(&with_config(|c| c["n_layer"] = "two".into()), &["n_layer", "positive integer"]);
+    assert_mentions(
+        &with_config(|c| c.as_object_mut().unwrap().remove("n_embd").map(|_| ()).unwrap()),
+        &["n_embd", "missing"],
+    );
+    // A config whose sizes disagree with the tensors: the shape error names both.
+    assert_mentions(
+        &with_config(|c| c["n_positions"] = 256.into()),
+        &["transformer.wpe.weight", "[128, 64]", "[256, 64]"],
+    );
+    // Unknown keys are ignored, and the real distilgpt2 config's extra keys load.
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    cfg["n_ctx"] = 128.into();
+    cfg["task_specific_params"] = serde_json::json!({"text-generation": {"do_sample": true}});
+    cfg["torch_dtype"] = "float32".into();
+    cfg["something_new"] = 1.into();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    assert!(kvgpt::load(&hub::local_folder(dir.path()).unwrap()).is_ok());
+}
+
+#[test]
+fn tokenizer_vocabulary_must_match_the_model() {
+    let v = 1000usize;
+    let t: Vec<_> =
+        fixture_tensors()
+            .into_iter()
+            .map(|(n, d, s, b)| {
+                if n == "transformer.wte.weight" {
+                    (n, d, vec![v, 64], b[..v * 64 * 4].to_vec())
+                } else {
+                    (n, d, s, b)
+                }
+            })
+            .collect();
+    let dir = variant(&t);
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    cfg["vocab_size"] = v.into();
+    cfg["bos_token_id"] = 0.into();
+    cfg["eos_token_id"] = 0.into();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    assert_mentions(&load_error(dir.path()), &["50257 tokens", "1000"]);
+}
+
+#[test]
+fn context_overflow_is_an_error_before_any_work() {
+    let loaded = load_fixture();
+    let ids = vec![464u32; 100];
+    let opts = kvgpt::GenerateOptions { max_new_tokens: 29, ..Default::default() };
+    let err = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_| panic!("no token may be produced")).unwrap_err();
+    assert!(matches!(err, Error::ContextOverflow { prompt: 100, new: 29, n_positions: 128 }));
+    assert_mentions(&err.to_string(), &["prompt of 100 tokens + 29 new tokens exceeds the model's 128 positions"]);
+    // The cache refuses positions past its capacity with a typed error.
+    let cfg = &loaded.model.config;
+    let mut cache = KvCache::new(cfg);
+    let mut scratch = Scratch::new(cfg, 1);
+    let mut logits = vec![0.0; cfg.vocab_size];
+    loaded.model.forward(&vec![464; 128], &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap();
+    let err = loaded.model.forward(&[464], &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap_err();
+    assert!(matches!(err, Error::CacheOverflow { len: 128, new: 1, capacity: 128 }), "{err}");
+    let err =
+        loaded.model.forward(&[50257], &mut KvCache::new(cfg), &mut scratch, &mut NoTap, &mut logits).unwrap_err();
+    assert!(matches!(err, Error::BadTokenId { id: 50257, .. }), "{err}");
+}
