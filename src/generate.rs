@@ -78,12 +78,13 @@ pub fn check_context(model: &Model, prompt: usize, new: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs the loop. `on_token` sees every new id as soon as it is chosen; returning an error stops.
+/// Runs the loop. `on_token` sees every new id as soon as it is chosen, with the logits it was
+/// chosen from (before temperature); returning an error stops.
 pub fn generate(
     model: &Model,
     prompt_ids: &[u32],
     opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32) -> Result<()>,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<()>,
 ) -> Result<Generation> {
     if prompt_ids.is_empty() {
         return Err(Error::Invalid("the prompt has no tokens".into()));
@@ -121,7 +122,7 @@ pub fn generate(
         }
         let next = sampler.sample(&logits);
         seq.push(next);
-        on_token(next)?;
+        on_token(next, &logits)?;
         if opts.stop_at_eos && next == cfg.eos_token_id {
             finish = FinishReason::Eos;
             break;

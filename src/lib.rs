@@ -6,13 +6,16 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod generate;
 pub mod hub;
+pub mod inspect;
 pub mod kv_cache;
 pub mod model;
 pub mod sampler;
 pub mod tap;
 pub mod tokenizer;
+pub mod verify;
 
 pub use config::Config;
 pub use error::{Error, Result};

@@ -118,6 +118,30 @@ impl Tokenizer {
         String::from_utf8_lossy(self.token_bytes(id)).into_owned()
     }
 
+    /// The token for display: its text when its bytes are whole UTF-8, else the bytes escaped
+    /// (`\xe4\xbb`), so a piece of a split character is visible rather than U+FFFD.
+    pub fn token_label(&self, id: u32) -> String {
+        let b = self.token_bytes(id);
+        match std::str::from_utf8(b) {
+            Ok(s) => s.to_string(),
+            Err(_) => b
+                .iter()
+                .map(|&c| {
+                    if c.is_ascii() && !c.is_ascii_control() {
+                        (c as char).to_string()
+                    } else {
+                        format!("\\x{c:02x}")
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether the token's bytes are not whole UTF-8 (part of a character split across tokens).
+    pub fn is_partial(&self, id: u32) -> bool {
+        std::str::from_utf8(self.token_bytes(id)).is_err()
+    }
+
     /// `decode(ids)` as Hugging Face does it: all bytes joined, invalid UTF-8 replaced by U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id).iter().copied()).collect();

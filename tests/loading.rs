@@ -265,7 +265,7 @@ fn context_overflow_is_an_error_before_any_work() {
     let loaded = load_fixture();
     let ids = vec![464u32; 100];
     let opts = kvgpt::GenerateOptions { max_new_tokens: 29, ..Default::default() };
-    let err = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_| panic!("no token may be produced")).unwrap_err();
+    let err = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| panic!("no token may be produced")).unwrap_err();
     assert!(matches!(err, Error::ContextOverflow { prompt: 100, new: 29, n_positions: 128 }));
     assert_mentions(&err.to_string(), &["prompt of 100 tokens + 29 new tokens exceeds the model's 128 positions"]);
     // The cache refuses positions past its capacity with a typed error.

@@ -1,0 +1,206 @@
+//! `kvgpt generate` and `kvgpt tokenize`.
+
+use crate::{load, locate, print_json, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use kvgpt::inspect::top_k;
+use kvgpt::{generate, FinishReason, GenerateOptions, Sampling, StreamDecoder, Tokenizer};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// How many tokens to generate at most.
+    #[arg(long, short = 'n', default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_new_tokens: u32,
+    /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
+    #[arg(long, allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Sample only from the K most likely tokens.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Sample only from the most likely tokens whose probabilities add up to P (0 < P <= 1).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep generating after <|endoftext|>.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Recompute the whole sequence at every step instead of using the KV cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Report each generated token's log-probability and the K most likely alternatives
+    /// (from the model's distribution before temperature, top-k and top-p).
+    #[arg(long, value_name = "K")]
+    pub logprobs: Option<usize>,
+    /// Print one JSON object on stdout instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print {"ids", "tokens", "pieces"} as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn sampling(a: &GenerateArgs) -> Result<Sampling> {
+    if let Some(t) = a.temperature {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("--temperature must be a number >= 0 (0 = greedy), got {t}");
+        }
+    }
+    if let Some(p) = a.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            bail!("--top-p must be in (0, 1], got {p}");
+        }
+    }
+    let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
+    let temperature = if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 };
+    Ok(Sampling { temperature, top_k: a.top_k.map(|k| k as usize), top_p: a.top_p, seed: a.seed })
+}
+
+/// One generated token with its log-probability and the most likely alternatives.
+fn logprob_entry(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> Value {
+    let d = kvgpt::inspect::Distribution::of(logits);
+    let (top, _) = top_k(logits, k);
+    json!({
+        "id": id,
+        "token": tok.token_label(id),
+        "logprob": d.logprob(logits[id as usize]),
+        "top": top.iter().map(|c| json!({"id": c.id, "token": tok.token_label(c.id), "logprob": c.logprob})).collect::<Vec<_>>(),
+    })
+}
+
+pub fn run(a: &GenerateArgs) -> Result<Outcome> {
+    let sampling = sampling(a)?;
+    let prompt = read_prompt(&a.prompt)?;
+    let t0 = Instant::now();
+    let loaded = load(&a.model)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (model, tok) = (&loaded.model, &loaded.tokenizer);
+    let eos = model.config.eos_token_id;
+    let ids = prompt_ids(&loaded, &prompt)?;
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens as usize,
+        sampling,
+        stop_at_eos: !a.ignore_eos,
+        use_cache: !a.no_cache,
+    };
+    kvgpt::generate::check_context(model, ids.len(), opts.max_new_tokens)?;
+
+    let mut stdout = std::io::stdout().lock();
+    let mut stream = StreamDecoder::default();
+    if !a.json {
+        write!(stdout, "{prompt}").and_then(|_| stdout.flush())?;
+    }
+    let mut logprobs = Vec::new();
+    let g = generate(model, &ids, &opts, &mut |id, logits| {
+        if let Some(k) = a.logprobs {
+            logprobs.push(logprob_entry(tok, id, logits, k));
+        }
+        if a.json || (opts.stop_at_eos && id == eos) {
+            return Ok(());
+        }
+        let text = stream.push(tok.token_bytes(id));
+        write!(stdout, "{text}")
+            .and_then(|_| stdout.flush())
+            .map_err(|e| kvgpt::Error::Invalid(format!("could not write to standard output: {e}")))
+    })?;
+    let shown: &[u32] = match g.finish_reason {
+        FinishReason::Eos => &g.generated_ids[..g.generated_ids.len() - 1],
+        FinishReason::Length => &g.generated_ids,
+    };
+    let t = &g.timings;
+    let prefill_ms = t.prefill.as_secs_f64() * 1e3;
+    let decode_ms = t.decode.as_secs_f64() * 1e3;
+    if a.json {
+        let mut out = json!({
+            "model": loaded.files.name,
+            "prompt": prompt,
+            "prompt_ids": g.prompt_ids,
+            "generated_ids": g.generated_ids,
+            "text": tok.decode(shown),
+            "finish_reason": g.finish_reason.as_str(),
+            "use_cache": opts.use_cache,
+            "timings": {
+                "load_ms": load_ms,
+                "prefill_ms": prefill_ms,
+                "prefill_tokens": t.prefill_tokens,
+                "decode_ms": decode_ms,
+                "decode_steps": t.decode_steps,
+                "decode_tokens_per_s": t.decode_tokens_per_s(),
+            },
+        });
+        if a.logprobs.is_some() {
+            out["logprobs"] = Value::Array(std::mem::take(&mut logprobs));
+        }
+        drop(stdout);
+        print_json(&out)?;
+    } else {
+        writeln!(stdout, "{}", stream.finish())?;
+        drop(stdout);
+        if a.logprobs.is_some() {
+            eprintln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
+            for (i, e) in logprobs.iter().enumerate() {
+                let alts: Vec<String> = e["top"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        format!("{:?} {:.3}", c["token"].as_str().unwrap_or(""), c["logprob"].as_f64().unwrap_or(0.0))
+                    })
+                    .collect();
+                eprintln!(
+                    "  {i:>3} {:>6} {:<16} {:>8.3}  | {}",
+                    e["id"].as_u64().unwrap_or(0),
+                    format!("{:?}", e["token"].as_str().unwrap_or("")),
+                    e["logprob"].as_f64().unwrap_or(0.0),
+                    alts.join(", ")
+                );
+            }
+        }
+    }
+    let per_tok = if t.decode_steps > 0 { decode_ms / t.decode_steps as f64 } else { 0.0 };
+    eprintln!(
+        "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
+         {per_tok:.2} ms/token ({:.1} tok/s) | {} | finish: {}",
+        t.prefill_tokens,
+        t.prefill_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
+        t.decode_steps,
+        t.decode_tokens_per_s(),
+        if opts.use_cache { "KV cache on" } else { "KV cache off (recompute)" },
+        g.finish_reason.as_str(),
+    );
+    Ok(Outcome::Done)
+}
+
+pub fn tokenize(a: &TokenizeArgs) -> Result<Outcome> {
+    let text = read_prompt(&a.prompt)?;
+    let tok = Tokenizer::from_files(&locate(&a.model)?.tokenizer)?;
+    let ids = tok.encode(&text)?;
+    let tokens: Vec<String> = ids.iter().map(|&i| tok.token_text(i)).collect();
+    let pieces: Vec<String> = ids.iter().map(|&i| tok.piece(i)).collect();
+    if a.json {
+        print_json(&json!({ "ids": ids, "tokens": tokens, "pieces": pieces }))?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{} tokens", ids.len())?;
+        for (id, p) in ids.iter().zip(&pieces) {
+            writeln!(out, "{id:>6}  {:<20} {p}", format!("{:?}", tok.token_label(*id)))?;
+        }
+    }
+    Ok(Outcome::Done)
+}

@@ -1,0 +1,147 @@
+//! The `kvgpt` command line: argument parsing, output formats, exit codes, error messages.
+//! Everything numeric lives in the library; this binary only asks and prints.
+
+mod generate;
+mod inspect;
+mod render;
+mod verify;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use kvgpt::{hub, Loaded, Locate};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "kvgpt", version, about = "A from-scratch DistilGPT-2 inference engine with a per-layer KV cache")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Continue a prompt, streaming the text as tokens arrive (greedy unless a sampling flag is given).
+    Generate(generate::GenerateArgs),
+    /// Show the token ids and pieces of a text.
+    Tokenize(generate::TokenizeArgs),
+    /// Look inside the forward pass: tokens, embeddings, attention, logits, the KV cache.
+    #[command(subcommand)]
+    Inspect(inspect::InspectCmd),
+    /// Walk through one forward pass and one cached decode step, with the real shapes and numbers.
+    Explain(inspect::ExplainArgs),
+    /// Check the engine: cached against uncached decoding, or against golden logits.
+    #[command(subcommand)]
+    Verify(verify::VerifyCmd),
+}
+
+/// Where the model comes from and how many threads run it.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A model folder (config.json, model.safetensors, tokenizer.json) or a Hugging Face Hub id.
+    #[arg(long, default_value = hub::DEFAULT_MODEL)]
+    pub model: String,
+    /// Use only the local Hugging Face cache, never the network (also: HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
+    /// Worker threads for the kernels (default: one per core).
+    #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+}
+
+/// The prompt, from the command line, a file or standard input.
+#[derive(Args, Clone)]
+pub struct PromptArgs {
+    /// The prompt text; `-` or nothing reads standard input (one trailing newline is dropped).
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (one trailing newline is dropped).
+    #[arg(long, conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+}
+
+/// What every command exits with: success, or a check that failed (exit 1 after printing).
+pub enum Outcome {
+    Done,
+    CheckFailed,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::CheckFailed) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<Outcome> {
+    match cli.cmd {
+        Cmd::Generate(a) => with_threads(&a.model, || generate::run(&a)),
+        Cmd::Tokenize(a) => generate::tokenize(&a),
+        Cmd::Inspect(c) => {
+            let m = c.model_args().clone();
+            with_threads(&m, || inspect::run(c))
+        }
+        Cmd::Explain(a) => with_threads(&a.model, || inspect::explain(&a)),
+        Cmd::Verify(c) => {
+            let m = c.model_args().clone();
+            with_threads(&m, || verify::run(c))
+        }
+    }
+}
+
+/// Runs `f` inside a rayon pool of the requested size (no global state is changed).
+fn with_threads<T: Send>(m: &ModelArgs, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = m.threads {
+        b = b.num_threads(n as usize);
+    }
+    b.build().context("could not start the worker threads")?.install(f)
+}
+
+pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {
+    Ok(Locate::from_env(m.offline).resolve(&m.model)?)
+}
+
+pub fn load(m: &ModelArgs) -> Result<Loaded> {
+    Ok(kvgpt::load(&locate(m)?)?)
+}
+
+/// The prompt text from the argument, `--prompt-file` or standard input.
+pub fn read_prompt(p: &PromptArgs) -> Result<String> {
+    let text = match (&p.prompt, &p.prompt_file) {
+        (_, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("could not read the prompt file {}", file.display()))?,
+        (Some(t), None) if t != "-" => return Ok(t.clone()),
+        _ => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("(reading the prompt from standard input; end it with Ctrl-D)");
+            }
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("could not read the prompt from standard input")?;
+            s
+        }
+    };
+    let text = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    Ok(text.to_string())
+}
+
+/// The prompt's ids; an empty prompt starts from `<|endoftext|>` (the BOS of GPT-2).
+pub fn prompt_ids(loaded: &Loaded, text: &str) -> Result<Vec<u32>> {
+    let mut ids = loaded.tokenizer.encode(text)?;
+    if ids.is_empty() {
+        ids.push(loaded.model.config.bos_token_id);
+    }
+    Ok(ids)
+}
+
+/// Prints a JSON value on stdout.
+pub fn print_json(v: &serde_json::Value) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string_pretty(v)?).context("could not write to standard output")
+}

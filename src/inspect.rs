@@ -1,0 +1,183 @@
+//! The learner's views: a traced run (prefill, then greedy decode steps with the cache on) whose
+//! recorded points are stitched back into whole-sequence tensors, and statistics of logits.
+//!
+//! Stitching is what lets `inspect attention --generate N` show the full lower-triangular matrix
+//! over the final sequence although each decode step only computed its own row.
+
+use crate::error::Result;
+use crate::kv_cache::KvCache;
+use crate::model::{Model, Scratch};
+use crate::sampler::argmax;
+use crate::tap::{Point, Recorder, Tap};
+
+/// What a traced run recorded.
+pub struct Trace {
+    /// Every id fed to the model: the prompt, then the greedily generated tokens.
+    pub ids: Vec<u32>,
+    pub prompt_len: usize,
+    /// One map of recorded points per forward call (call 0 is the prefill).
+    pub recorder: Recorder,
+    /// Logits `[S, V]` for every fed position when asked for, else `[1, V]` of the last.
+    pub logits: Vec<f32>,
+    /// The cache after the last call.
+    pub cache: KvCache,
+    /// The token the model would produce next.
+    pub next: u32,
+}
+
+/// Options of a traced run.
+pub struct TraceSpec {
+    /// Greedy decode steps after the prefill; each feeds the token the previous call chose.
+    pub generate: usize,
+    /// Which points to record.
+    pub want: fn(Point) -> bool,
+    /// Keep logits for every position (else only the last).
+    pub all_logits: bool,
+}
+
+/// Runs the prompt, then `spec.generate` decode steps with the cache on, recording as asked.
+pub fn trace(model: &Model, prompt_ids: &[u32], spec: &TraceSpec) -> Result<Trace> {
+    let cfg = &model.config;
+    let v = cfg.vocab_size;
+    crate::generate::check_context(model, prompt_ids.len(), spec.generate)?;
+    let mut cache = KvCache::new(cfg);
+    let mut scratch = Scratch::new(cfg, prompt_ids.len());
+    let mut recorder = Recorder::only(spec.want);
+    let t = prompt_ids.len();
+    let rows = if spec.all_logits { t } else { 1 };
+    let mut call_logits = vec![0.0f32; rows * v];
+    model.forward(prompt_ids, &mut cache, &mut scratch, &mut recorder as &mut dyn Tap, &mut call_logits)?;
+    let mut logits = call_logits;
+    let mut ids = prompt_ids.to_vec();
+    let mut step_logits = vec![0.0f32; v];
+    let mut next = argmax(&logits[logits.len() - v..]);
+    for _ in 0..spec.generate {
+        ids.push(next);
+        model.forward(&[next], &mut cache, &mut scratch, &mut recorder, &mut step_logits)?;
+        if spec.all_logits {
+            logits.extend_from_slice(&step_logits);
+        } else {
+            logits.copy_from_slice(&step_logits);
+        }
+        next = argmax(&step_logits);
+    }
+    Ok(Trace { ids, prompt_len: t, recorder, logits, cache, next })
+}
+
+impl Trace {
+    /// Sequence length `S` (prompt + generated tokens fed).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// A row-shaped point (`[T, W]` per call) concatenated over all calls: `[S, W]`.
+    pub fn rows(&self, point: Point) -> Option<(usize, Vec<f32>)> {
+        let mut out = Vec::new();
+        let mut width = 0;
+        for call in &self.recorder.calls {
+            let r = call.get(&point)?;
+            width = *r.shape.last()?;
+            out.extend_from_slice(&r.data);
+        }
+        Some((width, out))
+    }
+
+    /// Attention weights of `layer` over the whole sequence, `[NH, S, S]`, stitched from the
+    /// prefill's `[NH, T, T]` and each decode step's `[NH, 1, P+1]` (0 above the diagonal).
+    pub fn attention(&self, layer: usize) -> Option<(usize, Vec<f32>)> {
+        let s = self.len();
+        let mut nh = 0;
+        let mut out = Vec::new();
+        let mut q0 = 0;
+        for call in &self.recorder.calls {
+            let r = call.get(&Point::AttnProbs(layer))?;
+            let (h, t, kv) = (r.shape[0], r.shape[1], r.shape[2]);
+            if out.is_empty() {
+                nh = h;
+                out = vec![0.0; nh * s * s];
+            }
+            for head in 0..nh {
+                for i in 0..t {
+                    let src = &r.data[(head * t + i) * kv..][..kv];
+                    out[(head * s + q0 + i) * s..][..kv].copy_from_slice(src);
+                }
+            }
+            q0 += t;
+        }
+        (q0 == s).then_some((nh, out))
+    }
+}
+
+/// Statistics of one row of logits, computed in f64.
+#[derive(Clone, Debug)]
+pub struct Distribution {
+    /// log Σ exp(logits).
+    pub log_z: f64,
+}
+
+impl Distribution {
+    pub fn of(logits: &[f32]) -> Distribution {
+        let m = logits.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x as f64));
+        let z: f64 = logits.iter().map(|&x| (x as f64 - m).exp()).sum();
+        Distribution { log_z: m + z.ln() }
+    }
+
+    pub fn logprob(&self, logit: f32) -> f64 {
+        logit as f64 - self.log_z
+    }
+}
+
+/// Probability, log-probability and logit of a candidate token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub id: u32,
+    pub logit: f32,
+    pub prob: f64,
+    pub logprob: f64,
+}
+
+/// The `k` most likely tokens (ties by lower id) and the entropy in nats.
+pub fn top_k(logits: &[f32], k: usize) -> (Vec<Candidate>, f64) {
+    let d = Distribution::of(logits);
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(idx.len());
+    let by_desc = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    if k > 0 && k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by_desc);
+    }
+    idx.truncate(k);
+    idx.sort_by(by_desc);
+    let top = idx
+        .iter()
+        .map(|&id| {
+            let lp = d.logprob(logits[id as usize]);
+            Candidate { id, logit: logits[id as usize], prob: lp.exp(), logprob: lp }
+        })
+        .collect();
+    let entropy = -logits
+        .iter()
+        .map(|&x| {
+            let lp = d.logprob(x);
+            lp.exp() * lp
+        })
+        .sum::<f64>();
+    (top, entropy)
+}
+
+/// KL(p ‖ q) in nats between the softmax distributions of two logit rows.
+pub fn kl_divergence(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (dp, dq) = (Distribution::of(p_logits), Distribution::of(q_logits));
+    p_logits
+        .iter()
+        .zip(q_logits)
+        .map(|(&a, &b)| {
+            let lp = dp.logprob(a);
+            lp.exp() * (lp - dq.logprob(b))
+        })
+        .sum::<f64>()
+        .max(0.0)
+}

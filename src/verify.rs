@@ -1,0 +1,130 @@
+//! Side-by-side checks: cached decode against uncached recomputation, and the engine's logits
+//! against golden logits from a file.
+
+use crate::error::{Error, Result};
+use crate::inspect::kl_divergence;
+use crate::kv_cache::KvCache;
+use crate::model::{Model, Scratch};
+use crate::sampler::argmax;
+use crate::tap::NoTap;
+
+/// How two runs of logits compare, row by row (decode steps or prompt positions).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    /// Rows compared.
+    pub steps: usize,
+    pub max_abs_diff: f32,
+    /// Fraction of rows whose argmax agrees.
+    pub top1_agreement: f64,
+    /// Mean KL(reference ‖ engine) over rows, in nats.
+    pub mean_kl: f64,
+    /// The first row whose max |Δ| exceeds the tolerance.
+    pub first_divergent_step: Option<usize>,
+}
+
+impl Comparison {
+    /// Whether every row stayed within the tolerance.
+    pub fn passes(&self) -> bool {
+        self.first_divergent_step.is_none()
+    }
+}
+
+/// Accumulates row comparisons.
+struct Compare {
+    tolerance: f32,
+    c: Comparison,
+    agree: usize,
+    kl: f64,
+}
+
+impl Compare {
+    fn new(tolerance: f32) -> Compare {
+        let c =
+            Comparison { steps: 0, max_abs_diff: 0.0, top1_agreement: 1.0, mean_kl: 0.0, first_divergent_step: None };
+        Compare { tolerance, c, agree: 0, kl: 0.0 }
+    }
+
+    /// Compares the engine's row against the reference row.
+    fn row(&mut self, reference: &[f32], got: &[f32]) {
+        let d = reference.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0f32, |m, x| {
+            if x.is_nan() {
+                f32::INFINITY
+            } else {
+                m.max(x)
+            }
+        });
+        if d > self.tolerance && self.c.first_divergent_step.is_none() {
+            self.c.first_divergent_step = Some(self.c.steps);
+        }
+        self.c.max_abs_diff = self.c.max_abs_diff.max(d);
+        self.agree += (argmax(reference) == argmax(got)) as usize;
+        self.kl += kl_divergence(reference, got);
+        self.c.steps += 1;
+    }
+
+    fn finish(mut self) -> Comparison {
+        if self.c.steps > 0 {
+            self.c.top1_agreement = self.agree as f64 / self.c.steps as f64;
+            self.c.mean_kl = self.kl / self.c.steps as f64;
+        }
+        self.c
+    }
+}
+
+/// Greedy decode of `steps` tokens with the cache, and at every step the same sequence
+/// recomputed from scratch without it; compares the two logit rows (reference: uncached).
+///
+/// `tamper` is called with the cache before every decode step (step numbers from 1); the CLI
+/// passes a no-op, tests use it to corrupt the cache on purpose.
+pub fn cache_vs_recompute(
+    model: &Model,
+    prompt_ids: &[u32],
+    steps: usize,
+    tolerance: f32,
+    tamper: &mut dyn FnMut(&mut KvCache, usize),
+) -> Result<Comparison> {
+    let cfg = &model.config;
+    let v = cfg.vocab_size;
+    crate::generate::check_context(model, prompt_ids.len(), steps)?;
+    let (mut cached, mut fresh) = (KvCache::new(cfg), KvCache::new(cfg));
+    let total = prompt_ids.len() + steps;
+    let (mut s1, mut s2) = (Scratch::new(cfg, prompt_ids.len()), Scratch::new(cfg, total));
+    let (mut l_cached, mut l_fresh) = (vec![0.0f32; v], vec![0.0f32; v]);
+    let mut seq = prompt_ids.to_vec();
+    let mut cmp = Compare::new(tolerance);
+    for step in 0..steps {
+        if step == 0 {
+            model.forward(&seq, &mut cached, &mut s1, &mut NoTap, &mut l_cached)?;
+        } else {
+            tamper(&mut cached, step);
+            model.forward(&seq[seq.len() - 1..], &mut cached, &mut s1, &mut NoTap, &mut l_cached)?;
+        }
+        fresh.reset();
+        model.forward(&seq, &mut fresh, &mut s2, &mut NoTap, &mut l_fresh)?;
+        cmp.row(&l_fresh, &l_cached);
+        seq.push(argmax(&l_cached));
+    }
+    Ok(cmp.finish())
+}
+
+/// The engine's logits for `ids` (every position) against `reference` (`[R, V]` for the last R
+/// positions, R ≤ T).
+pub fn against_reference(model: &Model, ids: &[u32], reference: &[f32], tolerance: f32) -> Result<Comparison> {
+    let cfg = &model.config;
+    let v = cfg.vocab_size;
+    if reference.is_empty() || reference.len() % v != 0 || reference.len() / v > ids.len() {
+        return Err(Error::Invalid(format!(
+            "the reference holds {} numbers; expected [R, {v}] logits with R between 1 and the prompt's {} tokens",
+            reference.len(),
+            ids.len()
+        )));
+    }
+    let rows = reference.len() / v;
+    let mut logits = vec![0.0f32; rows * v];
+    model.forward(ids, &mut KvCache::new(cfg), &mut Scratch::new(cfg, ids.len()), &mut NoTap, &mut logits)?;
+    let mut cmp = Compare::new(tolerance);
+    for (r, g) in reference.chunks_exact(v).zip(logits.chunks_exact(v)) {
+        cmp.row(r, g);
+    }
+    Ok(cmp.finish())
+}
