@@ -3,6 +3,7 @@
 //! Data flow: text → [`Tokenizer`] → ids → [`Model::forward`] (writes K/V into a [`KvCache`],
 //! reports named points to a [`Tap`]) → logits → [`Sampler`] → next id, looped by [`generate()`].
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -169,6 +169,11 @@ impl Model {
         self
     }
 
+    /// The dtype the weights are held in for computation.
+    pub fn weights_dtype(&self) -> &'static str {
+        "f32"
+    }
+
     pub fn isa(&self) -> Isa {
         self.isa
     }

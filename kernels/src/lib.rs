@@ -131,6 +131,29 @@ pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     simd::dot(isa, a, b)
 }
 
+/// The sum of `a` in the engine's fixed order (16 lanes, then a fixed pairwise sum).
+pub fn sum(isa: Isa, a: &[f32]) -> f32 {
+    simd::sum(isa, a)
+}
+
+/// The SIMD-related features this CPU reports (for benchmark headers).
+pub fn cpu_features() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => { $( if std::is_x86_feature_detected!($f) { v.push($f); } )* };
+        }
+        probe!("sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vnni", "avx512bf16", "avx512fp16");
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        v.push("neon");
+    }
+    v
+}
+
 /// `out[T, C] = (inp - mean) / sqrt(var + eps) * weight + bias`, per row, biased variance.
 pub fn layernorm(isa: Isa, out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], t: usize, c: usize, eps: f32) {
     assert!(out.len() >= t * c && inp.len() >= t * c && weight.len() >= c && bias.len() >= c);

@@ -40,6 +40,7 @@ avx2_copies! {
     fn matmul_cols_body(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize);
     fn matmul_t_rows_body(out: *mut f32, inp: &[f32], w: &[f32], t: usize, k: usize, n: usize, r0: usize, r1: usize);
     fn dot_body(a: &[f32], b: &[f32]) -> f32;
+    fn sum_body(a: &[f32]) -> f32;
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
     fn gelu_body(x: &mut [f32]);
     fn softmax_body(x: &mut [f32]);
@@ -85,6 +86,10 @@ pub(crate) unsafe fn matmul_t_rows(
 
 pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     dispatch!(isa, dot_body(a, b))
+}
+
+pub(crate) fn sum(isa: Isa, a: &[f32]) -> f32 {
+    dispatch!(isa, sum_body(a))
 }
 
 pub(crate) fn layernorm_row(isa: Isa, out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32) {

@@ -1,6 +1,7 @@
 //! The `kvgpt` command line: argument parsing, output formats, exit codes, error messages.
 //! Everything numeric lives in the library; this binary only asks and prints.
 
+mod bench;
 mod generate;
 mod inspect;
 mod render;
@@ -34,6 +35,8 @@ enum Cmd {
     /// Check the engine: cached against uncached decoding, or against golden logits.
     #[command(subcommand)]
     Verify(verify::VerifyCmd),
+    /// Measure prefill and decode speed, cached against uncached (forward passes only).
+    Bench(bench::BenchArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -87,6 +90,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             with_threads(&m, || inspect::run(c))
         }
         Cmd::Explain(a) => with_threads(&a.model, || inspect::explain(&a)),
+        Cmd::Bench(a) => with_threads(&a.model, || bench::run(&a)),
         Cmd::Verify(c) => {
             let m = c.model_args().clone();
             with_threads(&m, || verify::run(c))

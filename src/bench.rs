@@ -1,0 +1,209 @@
+//! The benchmark behind `kvgpt bench`: prefill and decode throughput, cached against uncached
+//! decoding, per-token latency percentiles, time to first token, peak memory and a read-bandwidth
+//! probe. Only forward passes are timed: tokenization and sampling are excluded (ids are
+//! synthetic, the next token is an argmax taken outside the timed region).
+
+use crate::error::Result;
+use crate::kv_cache::KvCache;
+use crate::model::{Model, Scratch};
+use crate::sampler::argmax;
+use crate::tap::NoTap;
+use std::time::{Duration, Instant};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct BenchSpec {
+    /// Prompt lengths: each gives a prefill row and the context of the decode rows.
+    pub prompts: Vec<usize>,
+    /// Generation lengths of the decode rows.
+    pub gens: Vec<usize>,
+    /// Timed repetitions of every row (after one untimed warm-up run).
+    pub reps: usize,
+    /// Also measure uncached decoding (the whole sequence recomputed each step).
+    pub uncached: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Test {
+    /// Prefill of `prompt` tokens.
+    Prefill { prompt: usize },
+    /// `gen` decode steps after a `prompt`-token prefill, cached or not.
+    Decode { prompt: usize, gen: usize, cached: bool },
+}
+
+impl Test {
+    pub fn name(&self) -> String {
+        match self {
+            Test::Prefill { prompt } => format!("pp{prompt}"),
+            Test::Decode { gen, .. } => format!("tg{gen}"),
+        }
+    }
+}
+
+/// One measured row: every repetition's throughput and every step's latency.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub test: Test,
+    /// Tokens per second of each repetition.
+    pub tok_s: Vec<f64>,
+    /// Milliseconds of each timed forward call (one per prefill, one per decode step).
+    pub step_ms: Vec<f64>,
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    (m, var.sqrt())
+}
+
+/// The q-th percentile (0..=100) by nearest rank.
+pub fn percentile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((q / 100.0) * s.len() as f64).ceil() as usize;
+    s[rank.clamp(1, s.len()) - 1]
+}
+
+/// Synthetic prompt ids, spread over the vocabulary.
+fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919 + 13) % vocab) as u32).collect()
+}
+
+/// Everything a run needs, allocated once.
+struct Runner<'a> {
+    model: &'a Model,
+    cache: KvCache,
+    scratch: Scratch,
+    logits: Vec<f32>,
+    seq: Vec<u32>,
+}
+
+impl Runner<'_> {
+    fn timed_forward(&mut self, ids_from: usize) -> Result<Duration> {
+        let start = Instant::now();
+        self.model.forward(&self.seq[ids_from..], &mut self.cache, &mut self.scratch, &mut NoTap, &mut self.logits)?;
+        Ok(start.elapsed())
+    }
+
+    /// Runs one repetition of `test`; returns (tokens/s, per-call milliseconds).
+    fn run(&mut self, test: Test) -> Result<(f64, Vec<f64>)> {
+        let v = self.model.config.vocab_size;
+        match test {
+            Test::Prefill { prompt } => {
+                self.seq = prompt_ids(prompt, v);
+                self.cache.reset();
+                let d = self.timed_forward(0)?;
+                Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3]))
+            }
+            Test::Decode { prompt, gen, cached } => {
+                self.seq = prompt_ids(prompt, v);
+                self.cache.reset();
+                self.model.forward(&self.seq, &mut self.cache, &mut self.scratch, &mut NoTap, &mut self.logits)?;
+                let mut steps = Vec::with_capacity(gen);
+                for _ in 0..gen {
+                    self.seq.push(argmax(&self.logits));
+                    let d = if cached {
+                        self.timed_forward(self.seq.len() - 1)?
+                    } else {
+                        self.cache.reset();
+                        self.timed_forward(0)?
+                    };
+                    steps.push(d.as_secs_f64() * 1e3);
+                }
+                let total: f64 = steps.iter().sum::<f64>() / 1e3;
+                Ok((gen as f64 / total, steps))
+            }
+        }
+    }
+}
+
+/// The rows a spec asks for, in display order.
+pub fn tests(spec: &BenchSpec) -> Vec<Test> {
+    let mut t: Vec<Test> = spec.prompts.iter().map(|&prompt| Test::Prefill { prompt }).collect();
+    for &prompt in &spec.prompts {
+        for &gen in &spec.gens {
+            t.push(Test::Decode { prompt, gen, cached: true });
+            if spec.uncached {
+                t.push(Test::Decode { prompt, gen, cached: false });
+            }
+        }
+    }
+    t
+}
+
+/// Runs every row `reps` times, interleaved (rep 1 of every row, then rep 2, …) so that drift in
+/// the machine's speed spreads over all rows alike. `progress` is told each finished run.
+pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usize)) -> Result<Vec<Row>> {
+    let cfg = &model.config;
+    let tests = tests(spec);
+    for t in &tests {
+        if let Test::Decode { prompt, gen, .. } = t {
+            crate::generate::check_context(model, *prompt, *gen)?;
+        } else if let Test::Prefill { prompt } = t {
+            crate::generate::check_context(model, *prompt, 0)?;
+        }
+    }
+    let max_rows = tests
+        .iter()
+        .map(|t| match t {
+            Test::Prefill { prompt } => *prompt,
+            Test::Decode { prompt, gen, cached: false } => prompt + gen,
+            Test::Decode { prompt, .. } => *prompt,
+        })
+        .max()
+        .unwrap_or(1);
+    let mut r = Runner {
+        model,
+        cache: KvCache::new(cfg),
+        scratch: Scratch::new(cfg, max_rows),
+        logits: vec![0.0; cfg.vocab_size],
+        seq: Vec::with_capacity(cfg.n_positions),
+    };
+    let mut rows: Vec<Row> = tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![] }).collect();
+    for t in &tests {
+        r.run(*t)?; // warm-up
+    }
+    for rep in 0..spec.reps {
+        for row in rows.iter_mut() {
+            let (tok_s, steps) = r.run(row.test)?;
+            row.tok_s.push(tok_s);
+            row.step_ms.extend(steps);
+            progress(&row.test, rep);
+        }
+    }
+    Ok(rows)
+}
+
+/// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Read bandwidth in GB/s over a buffer of `bytes` (larger than the caches), best of `passes`,
+/// with the current rayon pool's threads each reading its own part.
+pub fn probe_read_bandwidth(bytes: usize, passes: usize) -> f64 {
+    use rayon::prelude::*;
+    let n = bytes / 4;
+    let buf: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = n.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..passes {
+        let start = Instant::now();
+        let s: f32 = buf.par_chunks(chunk).map(|c| kvgpt_kernels::sum(kvgpt_kernels::Isa::detect(), c)).sum();
+        let secs = start.elapsed().as_secs_f64();
+        std::hint::black_box(s);
+        best = best.max(bytes as f64 / secs / 1e9);
+    }
+    best
+}

@@ -1,0 +1,224 @@
+//! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached.
+
+use crate::{load, print_json, ModelArgs, Outcome};
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use kvgpt::bench::{mean_sd, peak_rss_bytes, percentile, probe_read_bandwidth, BenchSpec, Row, Test};
+use serde_json::{json, Value};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt lengths (comma-separated): a prefill row each, and the contexts of the decode rows.
+    #[arg(short = 'p', long = "prompts", value_delimiter = ',', default_value = "4,128,512")]
+    pub prompts: Vec<usize>,
+    /// Generation lengths (comma-separated) of the decode rows.
+    #[arg(short = 'n', long = "gen", value_delimiter = ',', default_value = "128")]
+    pub gens: Vec<usize>,
+    /// Timed repetitions per row (after one warm-up).
+    #[arg(short = 'r', long = "reps", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Skip the uncached decode rows (they recompute the whole sequence every step and are slow).
+    #[arg(long)]
+    pub no_uncached: bool,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
+    pub output: Format,
+    /// Size of the read-bandwidth probe in MiB (0 skips it).
+    #[arg(long, default_value_t = 512)]
+    pub probe_mib: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Format {
+    Md,
+    Json,
+    Csv,
+}
+
+pub fn run(a: &BenchArgs) -> Result<Outcome> {
+    if a.prompts.iter().chain(&a.gens).any(|&x| x == 0) {
+        bail!("-p and -n take positive lengths, e.g. -p 4,128,512 -n 128");
+    }
+    let t0 = Instant::now();
+    let loaded = load(&a.model)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let m = &loaded.model;
+    let cfg = &m.config;
+    let spec =
+        BenchSpec { prompts: a.prompts.clone(), gens: a.gens.clone(), reps: a.reps as usize, uncached: !a.no_uncached };
+    let total = kvgpt::bench::tests(&spec).len() * spec.reps;
+    let mut done = 0;
+    let rows = kvgpt::bench::run(m, &spec, &mut |t, rep| {
+        done += 1;
+        eprint!("\r[kvgpt bench] {done}/{total} runs ({} rep {})        ", t.name(), rep + 1);
+    })?;
+    eprintln!();
+    let rss = peak_rss_bytes().unwrap_or(0);
+    let bw = if a.probe_mib > 0 { probe_read_bandwidth(a.probe_mib << 20, 3) } else { 0.0 };
+    let threads = rayon::current_num_threads();
+    let weight_bytes = m.weight_bytes();
+    let kv_bytes = kvgpt::KvCache::new(cfg).bytes();
+    let header = json!({
+        "model": loaded.files.name,
+        "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_positions": cfg.n_positions,
+        "dtype": m.weights_dtype(),
+        "threads": threads,
+        "isa": m.isa().name(),
+        "cpu_features": kvgpt_kernels::cpu_features(),
+        "git": env!("KVGPT_GIT_REV"),
+        "load_ms": load_ms,
+        "weight_bytes": weight_bytes,
+        "kv_cache_bytes": kv_bytes,
+        "peak_rss_bytes": rss,
+        "read_bandwidth_gb_s": bw,
+    });
+    let json_rows: Vec<Value> = rows.iter().map(|r| row_json(r, &header, weight_bytes)).collect();
+    match a.output {
+        Format::Json => print_json(&Value::Array(json_rows))?,
+        Format::Csv => print_csv(&json_rows),
+        Format::Md => print_md(&header, &rows, &json_rows, load_ms),
+    }
+    Ok(Outcome::Done)
+}
+
+fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
+    let (avg, sd) = mean_sd(&r.tok_s);
+    let (prompt, gen, mode) = match r.test {
+        Test::Prefill { prompt } => (prompt, 0, "cached"),
+        Test::Decode { prompt, gen, cached } => (prompt, gen, if cached { "cached" } else { "uncached" }),
+    };
+    let mut v = json!({
+        "test": r.test.name(),
+        "mode": mode,
+        "prompt_tokens": prompt,
+        "gen_tokens": gen,
+        "dtype": h["dtype"],
+        "threads": h["threads"],
+        "reps": r.tok_s.len(),
+        "tok_s_avg": avg,
+        "tok_s_sd": sd,
+        "p50_ms": percentile(&r.step_ms, 50.0),
+        "p90_ms": percentile(&r.step_ms, 90.0),
+        "p99_ms": percentile(&r.step_ms, 99.0),
+        "peak_rss_mb": h["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        "git": h["git"],
+    });
+    match r.test {
+        Test::Prefill { .. } => v["ttft_ms"] = json!(mean_sd(&r.step_ms).0),
+        Test::Decode { cached: true, .. } => v["weight_gb_s"] = json!(weight_bytes as f64 * avg / 1e9),
+        _ => {}
+    }
+    v
+}
+
+fn print_csv(rows: &[Value]) {
+    let cols = [
+        "test",
+        "mode",
+        "prompt_tokens",
+        "gen_tokens",
+        "dtype",
+        "threads",
+        "reps",
+        "tok_s_avg",
+        "tok_s_sd",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "ttft_ms",
+        "weight_gb_s",
+        "peak_rss_mb",
+        "git",
+    ];
+    println!("{}", cols.join(","));
+    for r in rows {
+        let cells: Vec<String> = cols
+            .iter()
+            .map(|c| match &r[*c] {
+                Value::Null => String::new(),
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            })
+            .collect();
+        println!("{}", cells.join(","));
+    }
+}
+
+fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
+    let mb = |k: &str| h[k].as_f64().unwrap_or(0.0) / 1e6;
+    println!(
+        "kvgpt bench — {} ({} layers, n_embd {}, {} heads) | dtype {} | {} threads | isa {} | cpu {} | git {}",
+        h["model"].as_str().unwrap_or(""),
+        h["n_layer"],
+        h["n_embd"],
+        h["n_head"],
+        h["dtype"].as_str().unwrap_or(""),
+        h["threads"],
+        h["isa"].as_str().unwrap_or(""),
+        h["cpu_features"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
+        h["git"].as_str().unwrap_or(""),
+    );
+    let (w, kv, rss) = (mb("weight_bytes"), mb("kv_cache_bytes"), mb("peak_rss_bytes"));
+    println!(
+        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        rss / (w + kv),
+        h["read_bandwidth_gb_s"].as_f64().unwrap_or(0.0)
+    );
+    println!("Only forward passes are timed: tokenization and sampling are excluded (synthetic ids, argmax outside the timer).\n");
+    println!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in js {
+        let f = |k: &str, p: usize| r[k].as_f64().map(|x| format!("{x:.p$}")).unwrap_or_default();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["test"].as_str().unwrap_or(""),
+            r["prompt_tokens"],
+            r["mode"].as_str().unwrap_or(""),
+            f("tok_s_avg", 1),
+            f("tok_s_sd", 1),
+            f("p50_ms", 2),
+            f("p90_ms", 2),
+            f("p99_ms", 2),
+            f("ttft_ms", 1),
+            f("weight_gb_s", 1),
+        );
+    }
+    // Cached against uncached decoding per context length.
+    let decode: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Decode { cached: false, .. })).collect();
+    if !decode.is_empty() {
+        println!("\n| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |");
+        println!("|---|---:|---:|---:|---:|");
+        for u in decode {
+            let Test::Decode { prompt, gen, .. } = u.test else { continue };
+            let c = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
+            let (ca, ua) = (c.map(|c| mean_sd(&c.tok_s).0).unwrap_or(0.0), mean_sd(&u.tok_s).0);
+            println!("| tg{gen} | {prompt} | {ca:.1} | {ua:.1} | {:.1}× |", ca / ua.max(1e-12));
+        }
+    }
+    if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4 }) {
+        let ttft = mean_sd(&pp4.step_ms).0;
+        let step = rows
+            .iter()
+            .find(|r| r.test == Test::Decode { prompt: 4, gen: r_gen(r), cached: true })
+            .map(|r| percentile(&r.step_ms, 50.0))
+            .unwrap_or(0.0);
+        println!(
+            "\nload to first token (4-token prompt): {:.1} ms = {:.1} decode steps of {step:.2} ms",
+            load_ms + ttft,
+            (load_ms + ttft) / step.max(1e-9)
+        );
+    }
+}
+
+fn r_gen(r: &Row) -> usize {
+    match r.test {
+        Test::Decode { gen, .. } => gen,
+        Test::Prefill { .. } => 0,
+    }
+}
