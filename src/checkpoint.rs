@@ -80,6 +80,8 @@ impl Checkpoint {
             Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             other => return Err(Error::WrongDtype { name: full, file: self.file.clone(), got: format!("{other:?}") }),
         };
+        let offset = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+        kvgpt_kernels::release_map_range(&self.mmap, offset, bytes.len());
         Ok(Tensor { data, dtype: view.dtype() })
     }
 

@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::tap::{Point, Tap};
-use kvgpt_kernels::{self as k, AttnDims, Isa};
+use kvgpt_kernels::{self as k, AttnDims, Isa, PackedMatrix, RowMatrix, WeightType};
 use std::path::Path;
 
 pub struct LayerNorm {
@@ -17,12 +17,10 @@ pub struct LayerNorm {
     pub bias: Vec<f32>,   // [C]
 }
 
-/// GPT-2's Conv1D: `y = x @ weight + bias`, weight stored `[in, out]`.
+/// GPT-2's Conv1D: `y = x @ weight + bias`, weight `[in, out]` packed into column panels.
 pub struct Conv1D {
-    pub weight: Vec<f32>, // [n_in, n_out]
-    pub bias: Vec<f32>,   // [n_out]
-    pub n_in: usize,
-    pub n_out: usize,
+    pub weight: PackedMatrix, // [n_in, n_out]
+    pub bias: Vec<f32>,       // [n_out]
 }
 
 pub struct Block {
@@ -37,12 +35,14 @@ pub struct Block {
 /// An immutable GPT-2. All state of a run lives in the [`KvCache`] and the [`Scratch`].
 pub struct Model {
     pub config: Config,
-    pub wte: Vec<f32>, // [V, C], also the (tied) vocabulary projection
-    pub wpe: Vec<f32>, // [n_positions, C]
+    pub wte: RowMatrix, // [V, C], also the (tied) vocabulary projection
+    pub wpe: Vec<f32>,  // [n_positions, C]
     pub h: Vec<Block>,
     pub ln_f: LayerNorm,
-    /// The dtype the weights were stored in (computation is f32).
+    /// The dtype the weights were stored in, in the file.
     pub stored_dtype: String,
+    /// How the matrices are held for computation (accumulation is always f32).
+    pub dtype: WeightType,
     isa: Isa,
 }
 
@@ -94,18 +94,17 @@ impl Scratch {
 }
 
 impl Conv1D {
-    fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize) -> Result<Conv1D> {
+    fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
+        let w = ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?.data;
         Ok(Conv1D {
-            weight: ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?.data,
+            weight: PackedMatrix::pack(&w, n_in, n_out, dtype),
             bias: ck.tensor(&format!("{name}.bias"), &[n_out])?.data,
-            n_in,
-            n_out,
         })
     }
 
     /// `out[T, n_out] = inp[T, n_in] @ weight + bias`.
     fn forward(&self, isa: Isa, out: &mut [f32], inp: &[f32], t: usize) {
-        k::matmul(isa, out, inp, &self.weight, &self.bias, t, self.n_in, self.n_out);
+        k::matmul_packed(isa, out, inp, &self.weight, &self.bias, t);
     }
 }
 
@@ -131,8 +130,14 @@ fn report(tap: &mut dyn Tap, point: Point, shape: &[usize], data: &[f32]) {
 }
 
 impl Model {
-    /// Loads `config.json` and `model.safetensors`.
+    /// Loads `config.json` and `model.safetensors`, holding the weights in f32.
     pub fn load(config_path: &Path, weights_path: &Path) -> Result<Model> {
+        Model::load_as(config_path, weights_path, WeightType::F32)
+    }
+
+    /// Loads the model holding its matrices as `dtype` (converted or quantized at load time;
+    /// LayerNorms, biases and `wpe` stay f32).
+    pub fn load_as(config_path: &Path, weights_path: &Path, dtype: WeightType) -> Result<Model> {
         let config = Config::from_file(config_path)?;
         let ck = Checkpoint::open(weights_path)?;
         ck.check_names(&config)?;
@@ -144,20 +149,21 @@ impl Model {
                 let p = format!("h.{i}");
                 Ok(Block {
                     ln_1: LayerNorm::load(&ck, &format!("{p}.ln_1"), c)?,
-                    c_attn: Conv1D::load(&ck, &format!("{p}.attn.c_attn"), c, 3 * c)?,
-                    attn_c_proj: Conv1D::load(&ck, &format!("{p}.attn.c_proj"), c, c)?,
+                    c_attn: Conv1D::load(&ck, &format!("{p}.attn.c_attn"), c, 3 * c, dtype)?,
+                    attn_c_proj: Conv1D::load(&ck, &format!("{p}.attn.c_proj"), c, c, dtype)?,
                     ln_2: LayerNorm::load(&ck, &format!("{p}.ln_2"), c)?,
-                    c_fc: Conv1D::load(&ck, &format!("{p}.mlp.c_fc"), c, f)?,
-                    mlp_c_proj: Conv1D::load(&ck, &format!("{p}.mlp.c_proj"), f, c)?,
+                    c_fc: Conv1D::load(&ck, &format!("{p}.mlp.c_fc"), c, f, dtype)?,
+                    mlp_c_proj: Conv1D::load(&ck, &format!("{p}.mlp.c_proj"), f, c, dtype)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Model {
-            wte: wte.data,
+            wte: RowMatrix::new(wte.data, config.vocab_size, c, dtype),
             wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?.data,
             h,
             ln_f: LayerNorm::load(&ck, "ln_f", c)?,
             stored_dtype,
+            dtype,
             isa: Isa::detect(),
             config,
         })
@@ -171,7 +177,7 @@ impl Model {
 
     /// The dtype the weights are held in for computation.
     pub fn weights_dtype(&self) -> &'static str {
-        "f32"
+        self.dtype.name()
     }
 
     pub fn isa(&self) -> Isa {
@@ -180,8 +186,8 @@ impl Model {
 
     /// Bytes of all weights as held in memory.
     pub fn weight_bytes(&self) -> usize {
-        let conv = |c: &Conv1D| c.weight.len() + c.bias.len();
-        let ln = |l: &LayerNorm| l.weight.len() + l.bias.len();
+        let conv = |c: &Conv1D| c.weight.bytes() + 4 * c.bias.len();
+        let ln = |l: &LayerNorm| 4 * (l.weight.len() + l.bias.len());
         let blocks: usize = self
             .h
             .iter()
@@ -189,7 +195,13 @@ impl Model {
                 ln(&b.ln_1) + conv(&b.c_attn) + conv(&b.attn_c_proj) + ln(&b.ln_2) + conv(&b.c_fc) + conv(&b.mlp_c_proj)
             })
             .sum();
-        4 * (self.wte.len() + self.wpe.len() + blocks + ln(&self.ln_f))
+        self.wte.bytes() + 4 * self.wpe.len() + blocks + ln(&self.ln_f)
+    }
+
+    /// Bytes of weights read per decoded token: every matrix once (the tied `wte` as the
+    /// vocabulary projection) and the small vectors; `wpe` only one row.
+    pub fn bytes_per_token(&self) -> usize {
+        self.weight_bytes() - 4 * self.wpe.len()
     }
 
     /// The forward pass over `ids` at positions `cache.len()..cache.len()+T`.
@@ -228,9 +240,10 @@ impl Model {
 
         // Token plus position embeddings.                                          x: [T, C]
         for (i, &id) in ids.iter().enumerate() {
-            let (tok, pos) = (&self.wte[id as usize * c..][..c], &self.wpe[(p + i) * c..][..c]);
-            for ((xo, a), b) in x[i * c..(i + 1) * c].iter_mut().zip(tok).zip(pos) {
-                *xo = a + b;
+            let row = &mut x[i * c..(i + 1) * c];
+            self.wte.row_into(id as usize, row);
+            for (xo, b) in row.iter_mut().zip(&self.wpe[(p + i) * c..][..c]) {
+                *xo += b;
             }
         }
         report(tap, Point::Embed, &[t, c], x);
@@ -274,7 +287,7 @@ impl Model {
         let first = if tap.wants(Point::LnF) { 0 } else { t - r };
         self.ln_f.forward(isa, &mut xn[first * c..], &x[first * c..], t - first, eps);
         report(tap, Point::LnF, &[t - first, c], &xn[first * c..]);
-        k::matmul_t(isa, logits, &xn[(t - r) * c..], &self.wte, r, c, v); //       [R, V]
+        k::matmul_t_rows(isa, logits, &xn[(t - r) * c..], &self.wte, r); //          [R, V]
         report(tap, Point::Logits, &[r, v], logits);
         Ok(())
     }
@@ -287,7 +300,7 @@ impl Model {
         let mut xn = vec![0.0; r * c];
         self.ln_f.forward(self.isa, &mut xn, hidden, r, self.config.layer_norm_epsilon);
         let mut out = vec![0.0; r * v];
-        k::matmul_t(self.isa, &mut out, &xn, &self.wte, r, c, v);
+        k::matmul_t_rows(self.isa, &mut out, &xn, &self.wte, r);
         out
     }
 }

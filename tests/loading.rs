@@ -80,7 +80,7 @@ fn sixteen_bit_checkpoints_load_exactly_and_match_within_rounding() {
                 _ => bf16::from_f32(x).to_f32(),
             })
             .collect();
-        assert!(model.wte == rounded, "{dtype:?} wte");
+        assert!(model.wte.unpack() == rounded, "{dtype:?} wte");
         let logits = logits_of(dir.path(), &p1.ids);
         let d = assert_close(&format!("{dtype:?} logits"), &logits, &want, tol);
         println!("{dtype:?}: max |Δlogit| vs f32 reference = {d:.3e} (tolerance {tol})");

@@ -16,9 +16,16 @@
 #![allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last.
 
 mod math;
+mod packed;
+mod rows;
 mod simd;
 
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
+pub use packed::{
+    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, matmul_packed, PackedMatrix, WeightType, NR,
+    Q8_BLOCK,
+};
+pub use rows::{matmul_t_rows, RowMatrix};
 
 use rayon::prelude::*;
 
@@ -45,7 +52,10 @@ impl Isa {
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            if std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
+            {
                 return Isa(Kind::Avx2Fma);
             }
         }
@@ -71,13 +81,13 @@ impl Isa {
 }
 
 /// Below this many multiply-adds a kernel runs on the calling thread.
-const PAR_MIN_WORK: usize = 1 << 16;
+pub(crate) const PAR_MIN_WORK: usize = 1 << 16;
 /// Output columns per parallel task (a multiple of every tile width).
 const PAR_COLS: usize = 64;
 
 /// A raw pointer that may be sent to other threads; each task writes a disjoint region.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 // SAFETY: used only to hand disjoint sub-regions of one `&mut [f32]` to rayon tasks that all end
 // before the borrow does.
 unsafe impl Send for SendPtr {}
@@ -276,4 +286,19 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     // mapped could change the bytes or fault; callers only read it while loading a checkpoint,
     // and safetensors validates every offset against the map's length first.
     unsafe { memmap2::Mmap::map(file) }
+}
+
+/// Tells the OS that bytes `offset..offset+len` of a read-only file map are not needed any
+/// more, so that their pages stop counting as resident memory (they are re-read from the file if
+/// touched again). Errors are ignored: this only lowers memory use.
+pub fn release_map_range(map: &memmap2::Mmap, offset: usize, len: usize) {
+    #[cfg(unix)]
+    // SAFETY: the map is a read-only, file-backed mapping. MADV_DONTNEED drops its pages; any
+    // later read faults them back in from the unchanged file, so no reference to the map ever
+    // observes different bytes.
+    unsafe {
+        let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len);
+    }
+    #[cfg(not(unix))]
+    let _ = (map, offset, len);
 }

@@ -3,6 +3,8 @@
 //! compiler may emit for it (FMA, 256-bit vectors), never the order of the arithmetic.
 
 use crate::math::{exp_approx, gelu_new_scalar};
+use crate::packed::{bf16_bits_to_f32, f16_bits_to_f32, PackedMatrix, Storage, NR, Q8_BLOCK};
+use crate::rows::{RowMatrix, RowStorage};
 use crate::{Isa, Kind};
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
@@ -82,6 +84,44 @@ pub(crate) unsafe fn matmul_t_rows(
     r1: usize,
 ) {
     dispatch!(isa, matmul_t_rows_body(out, inp, w, t, k, n, r0, r1))
+}
+
+/// # Safety
+/// `out` must point to `t * w.n()` writable floats, and no other thread may touch the columns of
+/// panels `p0..p1`.
+pub(crate) unsafe fn packed_cols(
+    isa: Isa,
+    out: *mut f32,
+    inp: &[f32],
+    w: &PackedMatrix,
+    bias: &[f32],
+    t: usize,
+    p0: usize,
+    p1: usize,
+) {
+    match isa.0 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::detect` after the CPU reported
+        // AVX2, FMA and F16C.
+        Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(out, inp, w, bias, t, p0, p1) },
+        Kind::Scalar => packed_cols_body::<Portable>(out, inp, w, bias, t, p0, p1),
+    }
+}
+
+/// # Safety
+/// `out` must point to `t * w.rows()` writable floats, and no other thread may touch columns
+/// `r0..r1`.
+pub(crate) unsafe fn dot_rows(isa: Isa, out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
+    match isa.0 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
+        Kind::Avx2Fma => unsafe { x86::dot_rows_avx2(out, inp, w, t, r0, r1) },
+        Kind::Scalar => dot_rows_body(out, inp, w, t, r0, r1),
+    }
+}
+
+pub(crate) fn widen_into(w: &RowMatrix, r: usize, out: &mut [f32]) {
+    widen_into_body(w, r, out)
 }
 
 pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
@@ -321,6 +361,528 @@ fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
         let vj = &vh[j * hs..(j + 1) * hs];
         for (o, v) in out.iter_mut().zip(vj) {
             *o = a.mul_add(*v, *o);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed matmul.
+
+/// Reduction rows per cache block: a panel block (KC x 16 weights) stays in L1 while every row
+/// tile of the activations passes over it.
+const KC: usize = 256;
+/// Rows per register tile: 6 x 16 accumulators fill 12 of the 16 AVX2 registers.
+const MR: usize = 6;
+
+/// One panel row, widened to f32.
+pub(crate) trait Source {
+    fn row(&self, p: usize, i: usize) -> [f32; NR];
+    /// The same row as two AVX vectors (the same values, loaded and converted in registers).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V);
+}
+
+pub(crate) struct F32Src<'a>(&'a [f32], usize);
+struct F16Src<'a>(&'a [u16], usize);
+struct Bf16Src<'a>(&'a [u16], usize);
+struct Q8Src<'a>(&'a [i8], &'a [f32], usize);
+
+impl Source for F32Src<'_> {
+    #[inline(always)]
+    fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let base = (p * self.1 + i) * NR;
+        self.0[base..base + NR].try_into().expect("a panel row")
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
+        x86::load_f32(self.0, (p * self.1 + i) * NR)
+    }
+}
+
+impl Source for F16Src<'_> {
+    #[inline(always)]
+    fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let base = (p * self.1 + i) * NR;
+        let h: &[u16; NR] = self.0[base..base + NR].try_into().expect("a panel row");
+        h.map(f16_bits_to_f32)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
+        x86::load_f16(self.0, (p * self.1 + i) * NR)
+    }
+}
+
+impl Source for Bf16Src<'_> {
+    #[inline(always)]
+    fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let base = (p * self.1 + i) * NR;
+        let h: &[u16; NR] = self.0[base..base + NR].try_into().expect("a panel row");
+        h.map(bf16_bits_to_f32)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
+        x86::load_bf16(self.0, (p * self.1 + i) * NR)
+    }
+}
+
+impl Source for Q8Src<'_> {
+    #[inline(always)]
+    fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let k = self.2;
+        let base = (p * k + i) * NR;
+        let q: &[i8; NR] = self.0[base..base + NR].try_into().expect("a panel row");
+        let s = self.1[(p * NR / Q8_BLOCK) * k + i];
+        q.map(|v| v as f32 * s)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
+        let k = self.2;
+        x86::load_q8(self.0, (p * k + i) * NR, self.1[(p * NR / Q8_BLOCK) * k + i])
+    }
+}
+
+/// Panel `p`, row `i` of `w` widened to f32 (the values the kernel multiplies with).
+pub(crate) fn widen_row(w: &PackedMatrix, p: usize, i: usize) -> [f32; NR] {
+    let k = w.k();
+    match &w.data {
+        Storage::F32(d) => F32Src(d, k).row(p, i),
+        Storage::F16(d) => F16Src(d, k).row(p, i),
+        Storage::Bf16(d) => Bf16Src(d, k).row(p, i),
+        Storage::Q8 { q, scales } => Q8Src(q, scales, k).row(p, i),
+    }
+}
+
+/// A register tile: rows `r0..r0+R` of the activations against panel `p`, reduction rows
+/// `kc0..kc1`. Implementations differ only in how they spell the same FMA chains.
+pub(crate) trait TileKernel {
+    unsafe fn tile<S: Source, const R: usize>(
+        src: &S,
+        out: *mut f32,
+        inp: &[f32],
+        bias: &[f32],
+        k: usize,
+        n: usize,
+        p: usize,
+        r0: usize,
+        kc0: usize,
+        kc1: usize,
+    );
+}
+
+/// Plain Rust: the reference (and what non-x86 targets vectorize themselves).
+pub(crate) struct Portable;
+
+impl TileKernel for Portable {
+    #[inline(always)]
+    unsafe fn tile<S: Source, const R: usize>(
+        src: &S,
+        out: *mut f32,
+        inp: &[f32],
+        bias: &[f32],
+        k: usize,
+        n: usize,
+        p: usize,
+        r0: usize,
+        kc0: usize,
+        kc1: usize,
+    ) {
+        packed_tile::<S, R>(src, out, inp, bias, k, n, p, r0, kc0, kc1)
+    }
+}
+
+#[inline(always)]
+unsafe fn packed_cols_body<T: TileKernel>(
+    out: *mut f32,
+    inp: &[f32],
+    w: &PackedMatrix,
+    bias: &[f32],
+    t: usize,
+    p0: usize,
+    p1: usize,
+) {
+    let (k, n) = (w.k(), w.n());
+    match &w.data {
+        Storage::F32(d) => packed_generic::<_, T>(&F32Src(d, k), out, inp, bias, t, k, n, p0, p1),
+        Storage::F16(d) => packed_generic::<_, T>(&F16Src(d, k), out, inp, bias, t, k, n, p0, p1),
+        Storage::Bf16(d) => packed_generic::<_, T>(&Bf16Src(d, k), out, inp, bias, t, k, n, p0, p1),
+        Storage::Q8 { q, scales } => packed_generic::<_, T>(&Q8Src(q, scales, k), out, inp, bias, t, k, n, p0, p1),
+    }
+}
+
+#[inline(always)]
+unsafe fn packed_generic<S: Source, T: TileKernel>(
+    src: &S,
+    out: *mut f32,
+    inp: &[f32],
+    bias: &[f32],
+    t: usize,
+    k: usize,
+    n: usize,
+    p0: usize,
+    p1: usize,
+) {
+    let mut kc0 = 0;
+    loop {
+        let kc1 = (kc0 + KC).min(k);
+        for p in p0..p1 {
+            let mut r = 0;
+            while r + MR <= t {
+                T::tile::<S, MR>(src, out, inp, bias, k, n, p, r, kc0, kc1);
+                r += MR;
+            }
+            match t - r {
+                0 => {}
+                1 => T::tile::<S, 1>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                2 => T::tile::<S, 2>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                3 => T::tile::<S, 3>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                4 => T::tile::<S, 4>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                _ => T::tile::<S, 5>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+            }
+        }
+        if kc1 >= k {
+            break;
+        }
+        kc0 = kc1;
+    }
+}
+
+/// Rows `r0..r0+R`, panel `p`, reduction rows `kc0..kc1`: continues the FMA chains stored in
+/// `out` (unless `kc0 == 0`), and adds the bias after the last block.
+#[inline(always)]
+unsafe fn packed_tile<S: Source, const R: usize>(
+    src: &S,
+    out: *mut f32,
+    inp: &[f32],
+    bias: &[f32],
+    k: usize,
+    n: usize,
+    p: usize,
+    r0: usize,
+    kc0: usize,
+    kc1: usize,
+) {
+    let c0 = p * NR;
+    let width = NR.min(n - c0);
+    let mut acc = [[0.0f32; NR]; R];
+    if kc0 > 0 {
+        for (r, accr) in acc.iter_mut().enumerate() {
+            for (j, a) in accr.iter_mut().enumerate().take(width) {
+                // SAFETY (caller): row r0+r < t and column c0+j < n lie inside `out`.
+                *a = *out.add((r0 + r) * n + c0 + j);
+            }
+        }
+    }
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &inp[(r0 + r) * k + kc0..(r0 + r) * k + kc1]);
+    for i in 0..kc1 - kc0 {
+        let b = src.row(p, kc0 + i);
+        for (accr, row) in acc.iter_mut().zip(&rows) {
+            let a = row[i];
+            for (x, bj) in accr.iter_mut().zip(&b) {
+                *x = a.mul_add(*bj, *x);
+            }
+        }
+    }
+    let last = kc1 == k;
+    for (r, accr) in acc.iter().enumerate() {
+        for (j, a) in accr.iter().enumerate().take(width) {
+            let v = if last { a + bias[c0 + j] } else { *a };
+            // SAFETY (caller): as above.
+            *out.add((r0 + r) * n + c0 + j) = v;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row matrices (the tied vocabulary projection).
+
+/// Element `c` of a stored row, widened.
+trait RowSource {
+    fn get(&self, c: usize) -> f32;
+}
+
+struct RowF32<'a>(&'a [f32]);
+struct RowF16<'a>(&'a [u16]);
+struct RowBf16<'a>(&'a [u16]);
+struct RowQ8<'a>(&'a [i8], &'a [f32]);
+
+impl RowSource for RowF32<'_> {
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        self.0[c]
+    }
+}
+impl RowSource for RowF16<'_> {
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        f16_bits_to_f32(self.0[c])
+    }
+}
+impl RowSource for RowBf16<'_> {
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        bf16_bits_to_f32(self.0[c])
+    }
+}
+impl RowSource for RowQ8<'_> {
+    #[inline(always)]
+    fn get(&self, c: usize) -> f32 {
+        self.0[c] as f32 * self.1[c / Q8_BLOCK]
+    }
+}
+
+/// [`dot_body`] of `a` and a stored row (same lanes, same order).
+#[inline(always)]
+fn dot_src<S: RowSource>(a: &[f32], b: &S) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let full = a.len() / LANES * LANES;
+    let mut c = 0;
+    while c < full {
+        for l in 0..LANES {
+            acc[l] = a[c + l].mul_add(b.get(c + l), acc[l]);
+        }
+        c += LANES;
+    }
+    for l in 0..a.len() - full {
+        acc[l] = a[full + l].mul_add(b.get(full + l), acc[l]);
+    }
+    reduce_lanes(acc)
+}
+
+/// Calls `$f` with the row `$r` of `$w` as a [`RowSource`].
+macro_rules! with_row {
+    ($w:expr, $r:expr, |$s:ident| $body:expr) => {{
+        let k = $w.cols();
+        let r = $r;
+        match &$w.data {
+            RowStorage::F32(d) => {
+                let $s = RowF32(&d[r * k..(r + 1) * k]);
+                $body
+            }
+            RowStorage::F16(d) => {
+                let $s = RowF16(&d[r * k..(r + 1) * k]);
+                $body
+            }
+            RowStorage::Bf16(d) => {
+                let $s = RowBf16(&d[r * k..(r + 1) * k]);
+                $body
+            }
+            RowStorage::Q8 { q, scales } => {
+                let blocks = k.div_ceil(Q8_BLOCK);
+                let $s = RowQ8(&q[r * k..(r + 1) * k], &scales[r * blocks..(r + 1) * blocks]);
+                $body
+            }
+        }
+    }};
+}
+
+#[inline(always)]
+pub(crate) unsafe fn dot_rows_body(out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
+    let (n, k) = (w.rows(), w.cols());
+    for j in r0..r1 {
+        with_row!(w, j, |src| {
+            for m in 0..t {
+                // SAFETY (caller): m < t and j < r1 <= n lie inside `out`.
+                *out.add(m * n + j) = dot_src(&inp[m * k..(m + 1) * k], &src);
+            }
+        })
+    }
+}
+
+#[inline(always)]
+fn widen_into_body(w: &RowMatrix, r: usize, out: &mut [f32]) {
+    with_row!(w, r, |src| {
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = src.get(c);
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// x86-64 AVX2 + FMA (+ F16C) spelling of the packed tile: the same FMA chains as `packed_tile`,
+// with the accumulators pinned in registers.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use super::{
+        dot_rows_body, packed_cols_body, PackedMatrix, RowMatrix, RowStorage, Source, TileKernel, NR, Q8_BLOCK,
+    };
+    use std::arch::x86_64::*;
+
+    pub(crate) type V = __m256;
+
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; as for [`super::packed_cols`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn packed_cols_avx2(
+        out: *mut f32,
+        inp: &[f32],
+        w: &PackedMatrix,
+        bias: &[f32],
+        t: usize,
+        p0: usize,
+        p1: usize,
+    ) {
+        packed_cols_body::<Avx2>(out, inp, w, bias, t, p0, p1)
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_f32(d: &[f32], base: usize) -> (V, V) {
+        let s = &d[base..base + NR];
+        (_mm256_loadu_ps(s.as_ptr()), _mm256_loadu_ps(s.as_ptr().add(8)))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_f16(d: &[u16], base: usize) -> (V, V) {
+        let s = &d[base..base + NR];
+        let lo = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+        let hi = _mm_loadu_si128(s.as_ptr().add(8) as *const __m128i);
+        (_mm256_cvtph_ps(lo), _mm256_cvtph_ps(hi))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_bf16(d: &[u16], base: usize) -> (V, V) {
+        let s = &d[base..base + NR];
+        let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr() as *const __m128i));
+        let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().add(8) as *const __m128i));
+        (_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_q8(d: &[i8], base: usize, scale: f32) -> (V, V) {
+        let s = &d[base..base + NR];
+        let q = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+        let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+        let sc = _mm256_set1_ps(scale);
+        (_mm256_mul_ps(lo, sc), _mm256_mul_ps(hi, sc))
+    }
+
+    /// The vocabulary projection: four weight rows at a time (four independent FMA chains per
+    /// input row), each reduced exactly as `dot_body` does: two 8-lane halves, then the fixed
+    /// pairwise sum of the 16 lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; as for [`super::dot_rows`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn dot_rows_avx2(out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
+        let (n, k) = (w.rows(), w.cols());
+        if k % NR != 0 {
+            return dot_rows_body(out, inp, w, t, r0, r1);
+        }
+        match &w.data {
+            RowStorage::F32(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c)),
+            RowStorage::F16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c)),
+            RowStorage::Bf16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c)),
+            RowStorage::Q8 { q, scales } => {
+                let blocks = k.div_ceil(Q8_BLOCK);
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]))
+            }
+        }
+    }
+
+    /// Sums the 16 lanes of (lo, hi) in `reduce_lanes` order.
+    #[inline(always)]
+    unsafe fn reduce16(lo: V, hi: V) -> f32 {
+        let mut a = [0.0f32; 8];
+        _mm256_storeu_ps(a.as_mut_ptr(), _mm256_add_ps(lo, hi)); // acc[l] + acc[l+8]
+        let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+        let c = [b[0] + b[2], b[1] + b[3]];
+        c[0] + c[1]
+    }
+
+    #[inline(always)]
+    unsafe fn rows4<L: Fn(usize, usize) -> (V, V)>(
+        out: *mut f32,
+        inp: &[f32],
+        n: usize,
+        k: usize,
+        t: usize,
+        r0: usize,
+        r1: usize,
+        load: L,
+    ) {
+        let mut j = r0;
+        while j < r1 {
+            let rows = (r1 - j).min(4);
+            for m in 0..t {
+                let x = &inp[m * k..(m + 1) * k];
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                let mut c = 0;
+                while c < k {
+                    let a0 = _mm256_loadu_ps(x.as_ptr().add(c));
+                    let a1 = _mm256_loadu_ps(x.as_ptr().add(c + 8));
+                    for (q, accq) in acc.iter_mut().enumerate().take(rows) {
+                        let (b0, b1) = load(j + q, c);
+                        accq[0] = _mm256_fmadd_ps(a0, b0, accq[0]);
+                        accq[1] = _mm256_fmadd_ps(a1, b1, accq[1]);
+                    }
+                    c += NR;
+                }
+                for (q, accq) in acc.iter().enumerate().take(rows) {
+                    // SAFETY (caller): m < t and j+q < r1 <= n lie inside `out`.
+                    *out.add(m * n + j + q) = reduce16(accq[0], accq[1]);
+                }
+            }
+            j += rows;
+        }
+    }
+
+    pub(crate) struct Avx2;
+
+    impl TileKernel for Avx2 {
+        #[inline(always)]
+        unsafe fn tile<S: Source, const R: usize>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p: usize,
+            r0: usize,
+            kc0: usize,
+            kc1: usize,
+        ) {
+            let c0 = p * NR;
+            let width = NR.min(n - c0);
+            if width < NR {
+                // A partial panel: the portable tile handles the ragged edge.
+                return super::packed_tile::<S, R>(src, out, inp, bias, k, n, p, r0, kc0, kc1);
+            }
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            if kc0 > 0 {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let o = out.add((r0 + r) * n + c0);
+                    *a = [_mm256_loadu_ps(o), _mm256_loadu_ps(o.add(8))];
+                }
+            }
+            let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r) * k + kc1].as_ptr());
+            for i in kc0..kc1 {
+                let (b0, b1) = src.row_avx2(p, i);
+                for r in 0..R {
+                    // SAFETY: i < kc1 and row r0+r holds kc1 elements from a_ptr[r] (sliced above).
+                    let a = _mm256_broadcast_ss(&*a_ptr[r].add(i));
+                    acc[r][0] = _mm256_fmadd_ps(a, b0, acc[r][0]);
+                    acc[r][1] = _mm256_fmadd_ps(a, b1, acc[r][1]);
+                }
+            }
+            let last = kc1 == k;
+            let (bias0, bias1) = if last {
+                (_mm256_loadu_ps(bias.as_ptr().add(c0)), _mm256_loadu_ps(bias.as_ptr().add(c0 + 8)))
+            } else {
+                (_mm256_setzero_ps(), _mm256_setzero_ps())
+            };
+            for (r, a) in acc.iter().enumerate() {
+                let o = out.add((r0 + r) * n + c0);
+                let (v0, v1) =
+                    if last { (_mm256_add_ps(a[0], bias0), _mm256_add_ps(a[1], bias1)) } else { (a[0], a[1]) };
+                _mm256_storeu_ps(o, v0);
+                _mm256_storeu_ps(o.add(8), v1);
+            }
         }
     }
 }

@@ -246,3 +246,107 @@ fn attention_every_path_and_cached_equals_full() {
         }
     }
 }
+
+#[test]
+fn half_conversions_match_the_half_crate() {
+    for h in 0..=u16::MAX {
+        let want = half::f16::from_bits(h).to_f32();
+        let got = f16_bits_to_f32(h);
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "f16 {h:#06x}");
+        let want = half::bf16::from_bits(h).to_f32();
+        let got = bf16_bits_to_f32(h);
+        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "bf16 {h:#06x}");
+    }
+    let mut g = Gen(21);
+    let specials = [0.0f32, -0.0, 1.0, 65504.0, 65520.0, 1e-8, 6.1e-5, 5.96e-8, 2.98e-8, f32::INFINITY, -1e30];
+    for x in g.vec(100_000).iter().map(|x| x * 70000.0).chain(g.vec(100_000).iter().map(|x| x * 1e-4)).chain(specials) {
+        assert_eq!(f32_to_f16_bits(x), half::f16::from_f32(x).to_bits(), "f16 of {x:e}");
+        assert_eq!(f32_to_bf16_bits(x), half::bf16::from_f32(x).to_bits(), "bf16 of {x:e}");
+    }
+}
+
+#[test]
+fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix() {
+    let types = [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8];
+    let shapes: Vec<(usize, usize, usize)> = [1usize, 5, 6, 7, 13]
+        .iter()
+        .flat_map(|&t| {
+            [(1usize, 1usize), (7, 17), (17, 63), (63, 257), (257, 7), (300, 16), (600, 40)]
+                .map(move |(k, n)| (t, k, n))
+        })
+        .chain([(1, 768, 2304), (7, 768, 3072), (1, 3072, 768), (13, 3072, 768)])
+        .collect();
+    for &(t, k, n) in &shapes {
+        let mut g = Gen((t * 1000 + k * 7 + n) as u64);
+        let (inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));
+        for ty in types {
+            let packed = PackedMatrix::pack(&w, k, n, ty);
+            let widened = packed.unpack();
+            let mut want = vec![0.0; t * n];
+            matmul(Isa::scalar(), &mut want, &inp, &widened, &bias, t, k, n);
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; t * n];
+                matmul_packed(isa, &mut out, &inp, &packed, &bias, t);
+                assert_eq!(bits(&out), bits(&want), "{ty:?} {} t={t} k={k} n={n}", isa.name());
+            }
+            // The widened weights are the stored ones: exact for f32, rounding-sized otherwise.
+            let tol = match ty {
+                WeightType::F32 => 0.0,
+                WeightType::F16 => 1.0 / 2048.0,
+                WeightType::Bf16 => 1.0 / 256.0,
+                WeightType::Q8 => 1.0 / 254.0,
+            };
+            for i in 0..k {
+                let amax = w[i * n..(i + 1) * n].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                for c in 0..n {
+                    let (a, b) = (w[i * n + c], widened[i * n + c]);
+                    let scale = if ty == WeightType::Q8 { amax } else { a.abs() };
+                    assert!((a - b).abs() <= tol * scale + 1e-12, "{ty:?} w[{i},{c}] {a} -> {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_matmul_rows_and_threads_do_not_change_bits() {
+    let (t, k, n) = (19, 768, 768);
+    let mut g = Gen(77);
+    let (inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));
+    for ty in [WeightType::F32, WeightType::Q8] {
+        let packed = PackedMatrix::pack(&w, k, n, ty);
+        let mut all = vec![0.0; t * n];
+        rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap().install(|| {
+            matmul_packed(Isa::detect(), &mut all, &inp, &packed, &bias, t);
+        });
+        for r in 0..t {
+            let mut one = vec![0.0; n];
+            rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
+                matmul_packed(Isa::detect(), &mut one, &inp[r * k..(r + 1) * k], &packed, &bias, 1);
+            });
+            assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "{ty:?} row {r}");
+        }
+    }
+}
+
+#[test]
+fn row_matrix_projection_every_type_and_path_equals_matmul_t_on_the_widened_rows() {
+    for &(t, k, n) in
+        &[(1usize, 1usize, 1usize), (2, 7, 17), (5, 63, 63), (3, 257, 100), (1, 768, 50257), (4, 64, 50257)]
+    {
+        let mut g = Gen((t + k * 3 + n) as u64);
+        let (inp, w) = (g.vec(t * k), g.vec(n * k));
+        for ty in [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8] {
+            let rows = RowMatrix::new(w.clone(), n, k, ty);
+            let widened = rows.unpack();
+            assert_eq!(rows.row(n - 1), widened[(n - 1) * k..].to_vec());
+            let mut want = vec![0.0; t * n];
+            matmul_t(Isa::scalar(), &mut want, &inp, &widened, t, k, n);
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; t * n];
+                matmul_t_rows(isa, &mut out, &inp, &rows, t);
+                assert_eq!(bits(&out), bits(&want), "{ty:?} {} t={t} k={k} n={n}", isa.name());
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Weight matrices packed for the matmul kernel, in f32, f16, bf16 or int8.
+//!
+//! A `[K, N]` matrix (GPT-2's Conv1D `[in, out]`) is stored as column panels of [`NR`] = 16:
+//! panel `p` holds columns `p*16..p*16+16` of every row `i` contiguously,
+//! `panel[p][i][j] = W[i, p*16 + j]`, zero-padded past `N`. The kernel then streams each panel
+//! front to back: one 64-byte line (f32) per row, for one token (decode) or a tile of six (prefill).
+//!
+//! Arithmetic: an output element is `fma(x[K-1], w[K-1], … fma(x[0], w[0], 0)) + bias`, where
+//! `w` is the stored weight widened to f32 (int8: `q as f32 * scale`). That is exactly what the
+//! reference [`crate::matmul`] computes on the widened matrix, whatever the tile, thread or ISA.
+
+use crate::simd::packed_cols;
+use crate::{Isa, SendPtr, PAR_MIN_WORK};
+use rayon::prelude::*;
+
+/// Columns per panel.
+pub const NR: usize = 16;
+/// Columns sharing one int8 scale (per row): four panels.
+pub const Q8_BLOCK: usize = 64;
+
+/// How weights are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    F16,
+    Bf16,
+    /// int8 with one f32 scale per row and block of [`Q8_BLOCK`] columns (symmetric, max-abs).
+    Q8,
+}
+
+impl WeightType {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::F16 => "f16",
+            WeightType::Bf16 => "bf16",
+            WeightType::Q8 => "q8",
+        }
+    }
+}
+
+pub(crate) enum Storage {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Bf16(Vec<u16>),
+    Q8 { q: Vec<i8>, scales: Vec<f32> },
+}
+
+/// A `[K, N]` weight matrix in panels.
+pub struct PackedMatrix {
+    k: usize,
+    n: usize,
+    panels: usize,
+    pub(crate) data: Storage,
+}
+
+/// f32 → f16 bits, round to nearest even (as `half` and numpy do).
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let m = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rest = m & ((1 << shift) - 1);
+        let mut h = m >> shift;
+        if rest > half || (rest == half && (h & 1) == 1) {
+            h += 1;
+        }
+        return sign | h as u16;
+    }
+    let mut h = ((e as u32) << 10) | (man >> 13);
+    let rest = man & 0x1fff;
+    if rest > 0x1000 || (rest == 0x1000 && (h & 1) == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+/// f16 bits → f32, exact and branch-free (subnormals through a power-of-two multiply).
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let magic = f32::from_bits((254 - 15) << 23); // 2^112
+    let mut v = f32::from_bits((h & 0x7fff) << 13) * magic;
+    if h & 0x7c00 == 0x7c00 {
+        v = f32::from_bits(v.to_bits() | 0x7f80_0000);
+    }
+    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// f32 → bf16 bits, round to nearest even.
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+#[inline(always)]
+pub fn bf16_bits_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+impl PackedMatrix {
+    /// Packs `w` (`[K, N]` row-major f32) into panels of type `ty`.
+    pub fn pack(w: &[f32], k: usize, n: usize, ty: WeightType) -> PackedMatrix {
+        assert!(w.len() >= k * n, "pack: {} values for a {k}x{n} matrix", w.len());
+        let panels = n.div_ceil(NR);
+        let at = |p: usize, i: usize, j: usize| {
+            let c = p * NR + j;
+            if c < n {
+                w[i * n + c]
+            } else {
+                0.0
+            }
+        };
+        let mut panel_order = Vec::with_capacity(panels * k * NR);
+        for p in 0..panels {
+            for i in 0..k {
+                for j in 0..NR {
+                    panel_order.push(at(p, i, j));
+                }
+            }
+        }
+        let data = match ty {
+            WeightType::F32 => Storage::F32(panel_order),
+            WeightType::F16 => Storage::F16(panel_order.iter().map(|&x| f32_to_f16_bits(x)).collect()),
+            WeightType::Bf16 => Storage::Bf16(panel_order.iter().map(|&x| f32_to_bf16_bits(x)).collect()),
+            WeightType::Q8 => {
+                let blocks = n.div_ceil(Q8_BLOCK);
+                let mut scales = vec![0.0f32; blocks * k];
+                for b in 0..blocks {
+                    for i in 0..k {
+                        let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(n);
+                        let amax = cols.map(|c| w[i * n + c].abs()).fold(0.0f32, f32::max);
+                        scales[b * k + i] = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                    }
+                }
+                let mut q = Vec::with_capacity(panel_order.len());
+                for p in 0..panels {
+                    let b = p * NR / Q8_BLOCK;
+                    for i in 0..k {
+                        let s = scales[b * k + i];
+                        for j in 0..NR {
+                            q.push((at(p, i, j) / s).round().clamp(-127.0, 127.0) as i8);
+                        }
+                    }
+                }
+                Storage::Q8 { q, scales }
+            }
+        };
+        PackedMatrix { k, n, panels, data }
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn panels(&self) -> usize {
+        self.panels
+    }
+
+    pub fn weight_type(&self) -> WeightType {
+        match self.data {
+            Storage::F32(_) => WeightType::F32,
+            Storage::F16(_) => WeightType::F16,
+            Storage::Bf16(_) => WeightType::Bf16,
+            Storage::Q8 { .. } => WeightType::Q8,
+        }
+    }
+
+    /// Bytes held (padding and scales included).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Storage::F32(v) => v.len() * 4,
+            Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
+            Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
+        }
+    }
+
+    /// The matrix as the kernel sees it: `[K, N]` f32, every weight widened (dequantized).
+    pub fn unpack(&self) -> Vec<f32> {
+        let mut w = vec![0.0f32; self.k * self.n];
+        for p in 0..self.panels {
+            for i in 0..self.k {
+                let row = crate::simd::widen_row(self, p, i);
+                for (j, &x) in row.iter().enumerate() {
+                    let c = p * NR + j;
+                    if c < self.n {
+                        w[i * self.n + c] = x;
+                    }
+                }
+            }
+        }
+        w
+    }
+}
+
+/// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`; the same bits as [`crate::matmul`] on
+/// `W.unpack()`.
+pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, bias: &[f32], t: usize) {
+    let (k, n) = (w.k, w.n);
+    assert!(out.len() >= t * n && inp.len() >= t * k && bias.len() >= n);
+    if t == 0 {
+        return;
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |p0: usize, p1: usize| {
+        let o = out_ptr;
+        // SAFETY: tasks get disjoint panel ranges, i.e. disjoint column ranges of `out`, which
+        // holds t*n floats (asserted above) and outlives every task.
+        unsafe { packed_cols(isa, o.0, inp, w, bias, t, p0, p1) }
+    };
+    // Panels per task: enough work per task, and enough tasks to balance two or more threads.
+    let per = if t == 1 { 4 } else { 2 };
+    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || w.panels <= per {
+        run(0, w.panels);
+    } else {
+        (0..w.panels.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(w.panels)));
+    }
+}

@@ -1,0 +1,118 @@
+//! A matrix used row by row: the token embedding `wte` `[V, C]`, which is both looked up by row
+//! and, tied, the vocabulary projection `logits = x @ wteᵀ` (one dot product per row).
+//! Stored as f32, f16, bf16, or int8 with one scale per row and block of [`Q8_BLOCK`] columns.
+
+use crate::packed::{f32_to_bf16_bits, f32_to_f16_bits, WeightType, Q8_BLOCK};
+use crate::simd::{dot_rows, widen_into};
+use crate::{Isa, SendPtr, PAR_MIN_WORK};
+use rayon::prelude::*;
+
+pub(crate) enum RowStorage {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+    Bf16(Vec<u16>),
+    Q8 { q: Vec<i8>, scales: Vec<f32> },
+}
+
+/// `[N, K]` rows.
+pub struct RowMatrix {
+    n: usize,
+    k: usize,
+    pub(crate) data: RowStorage,
+}
+
+impl RowMatrix {
+    /// Stores `w` (`[N, K]` row-major) as `ty`.
+    pub fn new(w: Vec<f32>, n: usize, k: usize, ty: WeightType) -> RowMatrix {
+        assert_eq!(w.len(), n * k, "RowMatrix: {} values for {n}x{k}", w.len());
+        let data = match ty {
+            WeightType::F32 => RowStorage::F32(w),
+            WeightType::F16 => RowStorage::F16(w.iter().map(|&x| f32_to_f16_bits(x)).collect()),
+            WeightType::Bf16 => RowStorage::Bf16(w.iter().map(|&x| f32_to_bf16_bits(x)).collect()),
+            WeightType::Q8 => {
+                let blocks = k.div_ceil(Q8_BLOCK);
+                let mut scales = vec![1.0f32; n * blocks];
+                let mut q = vec![0i8; n * k];
+                for r in 0..n {
+                    for b in 0..blocks {
+                        let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(k);
+                        let amax = w[r * k..][cols.clone()].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                        let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                        scales[r * blocks + b] = s;
+                        for c in cols {
+                            q[r * k + c] = (w[r * k + c] / s).round().clamp(-127.0, 127.0) as i8;
+                        }
+                    }
+                }
+                RowStorage::Q8 { q, scales }
+            }
+        };
+        RowMatrix { n, k, data }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    pub fn weight_type(&self) -> WeightType {
+        match self.data {
+            RowStorage::F32(_) => WeightType::F32,
+            RowStorage::F16(_) => WeightType::F16,
+            RowStorage::Bf16(_) => WeightType::Bf16,
+            RowStorage::Q8 { .. } => WeightType::Q8,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            RowStorage::F32(v) => v.len() * 4,
+            RowStorage::F16(v) | RowStorage::Bf16(v) => v.len() * 2,
+            RowStorage::Q8 { q, scales } => q.len() + scales.len() * 4,
+        }
+    }
+
+    /// Row `r` widened to f32 into `out` (`K` floats).
+    pub fn row_into(&self, r: usize, out: &mut [f32]) {
+        widen_into(self, r, &mut out[..self.k]);
+    }
+
+    /// Row `r` widened to f32.
+    pub fn row(&self, r: usize) -> Vec<f32> {
+        let mut v = vec![0.0; self.k];
+        self.row_into(r, &mut v);
+        v
+    }
+
+    /// Every row widened: `[N, K]` f32.
+    pub fn unpack(&self) -> Vec<f32> {
+        let mut v = vec![0.0; self.n * self.k];
+        for (r, row) in v.chunks_mut(self.k.max(1)).enumerate().take(self.n) {
+            self.row_into(r, row);
+        }
+        v
+    }
+}
+
+/// `out[T, N] = inp[T, K] @ Wᵀ` for `W` = `[N, K]` rows: each element is [`crate::dot`] of an
+/// input row and a widened weight row (the same bits as [`crate::matmul_t`] on `W.unpack()`).
+pub fn matmul_t_rows(isa: Isa, out: &mut [f32], inp: &[f32], w: &RowMatrix, t: usize) {
+    let (n, k) = (w.n, w.k);
+    assert!(out.len() >= t * n && inp.len() >= t * k);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |r0: usize, r1: usize| {
+        let o = out_ptr;
+        // SAFETY: tasks get disjoint weight-row ranges, i.e. disjoint columns of `out` (t*n
+        // floats, asserted above), which outlives every task.
+        unsafe { dot_rows(isa, o.0, inp, w, t, r0, r1) }
+    };
+    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
+        run(0, n);
+    } else {
+        let per = 512;
+        (0..n.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(n)));
+    }
+}
