@@ -35,10 +35,17 @@ pub struct Loaded {
     pub files: ModelFiles,
 }
 
-/// Loads the model and tokenizer of `files` and checks that they agree.
+pub use kvgpt_kernels::WeightType;
+
+/// Loads the model (weights held in f32) and tokenizer of `files` and checks that they agree.
 pub fn load(files: &ModelFiles) -> Result<Loaded> {
+    load_as(files, WeightType::F32)
+}
+
+/// As [`load`], holding the weight matrices as `dtype` (converted or quantized at load time).
+pub fn load_as(files: &ModelFiles, dtype: WeightType) -> Result<Loaded> {
     let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
-    let model = Model::load(&files.config, &files.weights)?;
+    let model = Model::load_as(&files.config, &files.weights, dtype)?;
     if tokenizer.vocab_size() != model.config.vocab_size {
         return Err(Error::Tokenizer(format!(
             "the tokenizer has {} tokens but the model's vocabulary (vocab_size in {}) has {}; \

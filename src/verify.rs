@@ -128,3 +128,30 @@ pub fn against_reference(model: &Model, ids: &[u32], reference: &[f32], toleranc
     }
     Ok(cmp.finish())
 }
+
+/// Greedy decode of `steps` tokens with `reference` (cached); at every step `model` gets the same
+/// tokens (cached too) and its logits are compared with the reference's. Used to measure what a
+/// weight type (f16, bf16, int8) costs against f32.
+pub fn against_model(
+    reference: &Model,
+    model: &Model,
+    prompt_ids: &[u32],
+    steps: usize,
+    tolerance: f32,
+) -> Result<Comparison> {
+    let cfg = &reference.config;
+    let v = cfg.vocab_size;
+    crate::generate::check_context(reference, prompt_ids.len(), steps)?;
+    let (mut c1, mut c2) = (KvCache::new(cfg), KvCache::new(cfg));
+    let (mut s1, mut s2) = (Scratch::new(cfg, prompt_ids.len()), Scratch::new(cfg, prompt_ids.len()));
+    let (mut l1, mut l2) = (vec![0.0f32; v], vec![0.0f32; v]);
+    let mut cmp = Compare::new(tolerance);
+    let mut feed = prompt_ids.to_vec();
+    for _ in 0..steps {
+        reference.forward(&feed, &mut c1, &mut s1, &mut NoTap, &mut l1)?;
+        model.forward(&feed, &mut c2, &mut s2, &mut NoTap, &mut l2)?;
+        cmp.row(&l1, &l2);
+        feed = vec![argmax(&l1)];
+    }
+    Ok(cmp.finish())
+}

@@ -15,8 +15,8 @@ use rayon::prelude::*;
 
 /// Columns per panel.
 pub const NR: usize = 16;
-/// Columns sharing one int8 scale (per row): four panels.
-pub const Q8_BLOCK: usize = 64;
+/// Columns sharing one int8 scale (per row): two panels.
+pub const Q8_BLOCK: usize = 32;
 
 /// How weights are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -729,32 +729,38 @@ pub(crate) mod x86 {
         packed_cols_body::<Avx2>(out, inp, w, bias, t, p0, p1)
     }
 
+    // The loaders read 16 values at `base`; callers guarantee `base + 16 <= d.len()` (panel and
+    // row indices are always inside the matrix), checked in debug builds.
+
     #[inline(always)]
     pub(crate) unsafe fn load_f32(d: &[f32], base: usize) -> (V, V) {
-        let s = &d[base..base + NR];
-        (_mm256_loadu_ps(s.as_ptr()), _mm256_loadu_ps(s.as_ptr().add(8)))
+        debug_assert!(base + NR <= d.len());
+        let p = d.as_ptr().add(base);
+        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
     }
 
     #[inline(always)]
     pub(crate) unsafe fn load_f16(d: &[u16], base: usize) -> (V, V) {
-        let s = &d[base..base + NR];
-        let lo = _mm_loadu_si128(s.as_ptr() as *const __m128i);
-        let hi = _mm_loadu_si128(s.as_ptr().add(8) as *const __m128i);
+        debug_assert!(base + NR <= d.len());
+        let p = d.as_ptr().add(base);
+        let lo = _mm_loadu_si128(p as *const __m128i);
+        let hi = _mm_loadu_si128(p.add(8) as *const __m128i);
         (_mm256_cvtph_ps(lo), _mm256_cvtph_ps(hi))
     }
 
     #[inline(always)]
     pub(crate) unsafe fn load_bf16(d: &[u16], base: usize) -> (V, V) {
-        let s = &d[base..base + NR];
-        let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr() as *const __m128i));
-        let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(s.as_ptr().add(8) as *const __m128i));
+        debug_assert!(base + NR <= d.len());
+        let p = d.as_ptr().add(base);
+        let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+        let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8) as *const __m128i));
         (_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)))
     }
 
     #[inline(always)]
     pub(crate) unsafe fn load_q8(d: &[i8], base: usize, scale: f32) -> (V, V) {
-        let s = &d[base..base + NR];
-        let q = _mm_loadu_si128(s.as_ptr() as *const __m128i);
+        debug_assert!(base + NR <= d.len());
+        let q = _mm_loadu_si128(d.as_ptr().add(base) as *const __m128i);
         let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
         let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
         let sc = _mm256_set1_ps(scale);
@@ -806,28 +812,46 @@ pub(crate) mod x86 {
         load: L,
     ) {
         let mut j = r0;
+        while j + 4 <= r1 {
+            rows_group::<L, 4>(out, inp, n, k, t, j, &load);
+            j += 4;
+        }
         while j < r1 {
-            let rows = (r1 - j).min(4);
-            for m in 0..t {
-                let x = &inp[m * k..(m + 1) * k];
-                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                let mut c = 0;
-                while c < k {
-                    let a0 = _mm256_loadu_ps(x.as_ptr().add(c));
-                    let a1 = _mm256_loadu_ps(x.as_ptr().add(c + 8));
-                    for (q, accq) in acc.iter_mut().enumerate().take(rows) {
-                        let (b0, b1) = load(j + q, c);
-                        accq[0] = _mm256_fmadd_ps(a0, b0, accq[0]);
-                        accq[1] = _mm256_fmadd_ps(a1, b1, accq[1]);
-                    }
-                    c += NR;
+            rows_group::<L, 1>(out, inp, n, k, t, j, &load);
+            j += 1;
+        }
+    }
+
+    /// Weight rows `j..j+G` against every input row.
+    #[inline(always)]
+    unsafe fn rows_group<L: Fn(usize, usize) -> (V, V), const G: usize>(
+        out: *mut f32,
+        inp: &[f32],
+        n: usize,
+        k: usize,
+        t: usize,
+        j: usize,
+        load: &L,
+    ) {
+        for m in 0..t {
+            let x = inp[m * k..(m + 1) * k].as_ptr();
+            let mut acc = [[_mm256_setzero_ps(); 2]; G];
+            let mut c = 0;
+            while c < k {
+                // SAFETY: c + 16 <= k (k is a multiple of 16) inside input row m.
+                let a0 = _mm256_loadu_ps(x.add(c));
+                let a1 = _mm256_loadu_ps(x.add(c + 8));
+                for (q, accq) in acc.iter_mut().enumerate() {
+                    let (b0, b1) = load(j + q, c);
+                    accq[0] = _mm256_fmadd_ps(a0, b0, accq[0]);
+                    accq[1] = _mm256_fmadd_ps(a1, b1, accq[1]);
                 }
-                for (q, accq) in acc.iter().enumerate().take(rows) {
-                    // SAFETY (caller): m < t and j+q < r1 <= n lie inside `out`.
-                    *out.add(m * n + j + q) = reduce16(accq[0], accq[1]);
-                }
+                c += NR;
             }
-            j += rows;
+            for (q, accq) in acc.iter().enumerate() {
+                // SAFETY (caller): m < t and j+q < n lie inside `out`.
+                *out.add(m * n + j + q) = reduce16(accq[0], accq[1]);
+            }
         }
     }
 

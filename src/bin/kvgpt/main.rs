@@ -51,6 +51,29 @@ pub struct ModelArgs {
     /// Worker threads for the kernels (default: one per core).
     #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
+    /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic), or q8
+    /// (int8 with an f32 scale per row and 64 columns, quantized at load).
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    Q8,
+}
+
+impl Dtype {
+    pub fn weight_type(self) -> kvgpt::WeightType {
+        match self {
+            Dtype::F32 => kvgpt::WeightType::F32,
+            Dtype::F16 => kvgpt::WeightType::F16,
+            Dtype::Bf16 => kvgpt::WeightType::Bf16,
+            Dtype::Q8 => kvgpt::WeightType::Q8,
+        }
+    }
 }
 
 /// The prompt, from the command line, a file or standard input.
@@ -112,7 +135,7 @@ pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {
 }
 
 pub fn load(m: &ModelArgs) -> Result<Loaded> {
-    Ok(kvgpt::load(&locate(m)?)?)
+    Ok(kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?)
 }
 
 /// The prompt text from the argument, `--prompt-file` or standard input.

@@ -1,0 +1,76 @@
+//! Kernel throughput at DistilGPT-2 shapes: matmul over packed weights (f32, f16, int8) for
+//! decode (T=1, reported as weight bytes/s) and prefill (T=128, reported as FLOP/s as
+//! "elements"), the tied vocabulary projection, and attention over a 512-position cache.
+//! Run: `cargo bench --bench kernels` (single thread unless RAYON_NUM_THREADS is set).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvgpt_kernels::*;
+use std::hint::black_box;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32 - 0.5) * 0.04
+        })
+        .collect()
+}
+
+fn matmuls(c: &mut Criterion) {
+    let isa = Isa::detect();
+    for (k, n, name) in [(768, 2304, "c_attn"), (768, 3072, "c_fc"), (3072, 768, "mlp.c_proj")] {
+        let w = data(k * n, 1);
+        let bias = data(n, 2);
+        for ty in [WeightType::F32, WeightType::F16, WeightType::Q8] {
+            let packed = PackedMatrix::pack(&w, k, n, ty);
+            let mut g = c.benchmark_group(format!("matmul_{name}_{k}x{n}_{}", ty.name()));
+            for t in [1usize, 128] {
+                let inp = data(t * k, 3);
+                let mut out = vec![0.0; t * n];
+                if t == 1 {
+                    g.throughput(Throughput::Bytes(packed.bytes() as u64));
+                } else {
+                    g.throughput(Throughput::Elements((2 * t * k * n) as u64)); // FLOPs
+                }
+                g.bench_with_input(BenchmarkId::new("T", t), &t, |b, &t| {
+                    b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t))
+                });
+            }
+            g.finish();
+        }
+    }
+}
+
+fn vocab_projection(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let (v, k) = (50257, 768);
+    let w = data(v * k, 4);
+    let x = data(k, 5);
+    let mut g = c.benchmark_group("lm_head_768x50257");
+    for ty in [WeightType::F32, WeightType::F16, WeightType::Q8] {
+        let rows = RowMatrix::new(w.clone(), v, k, ty);
+        let mut out = vec![0.0; v];
+        g.throughput(Throughput::Bytes(rows.bytes() as u64));
+        g.bench_function(ty.name(), |b| b.iter(|| matmul_t_rows(isa, black_box(&mut out), black_box(&x), &rows, 1)));
+    }
+    g.finish();
+}
+
+fn attention_decode(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let (nh, hs, t_max, p) = (12, 64, 1024, 511);
+    let q = data(3 * nh * hs, 6);
+    let (kc, vc) = (data(nh * t_max * hs, 7), data(nh * t_max * hs, 8));
+    let mut out = vec![0.0; nh * hs];
+    let mut scratch = vec![0.0; nh * t_max];
+    let dims = AttnDims { t: 1, p, nh, hs, t_max, scale: 0.125 };
+    c.bench_function("attention_decode_512_positions", |b| {
+        b.iter(|| attention(isa, black_box(&mut out), None, &q, 3 * nh * hs, &kc, &vc, &mut scratch, dims))
+    });
+}
+
+criterion_group!(benches, matmuls, vocab_projection, attention_decode);
+criterion_main!(benches);
