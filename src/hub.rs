@@ -108,17 +108,23 @@ impl Locate {
                 ))
             })
         };
-        let config = fetch("config.json")?;
-        let weights = fetch("model.safetensors")?;
-        let tokenizer = match fetch("tokenizer.json") {
-            Ok(p) => TokenizerFiles::Json(p),
-            Err(first) => match (fetch("vocab.json"), fetch("merges.txt")) {
-                (Ok(vocab), Ok(merges)) => TokenizerFiles::VocabMerges { vocab, merges },
-                _ => return Err(first),
-            },
-        };
-        Ok(ModelFiles { name: id.to_string(), config, weights, tokenizer })
+        assemble(id.to_string(), fetch)
     }
+}
+
+/// The files of a model, each found by `find`: config, weights, and tokenizer.json or else
+/// vocab.json + merges.txt (the error names tokenizer.json when neither is there).
+fn assemble(name: String, find: impl Fn(&str) -> Result<PathBuf>) -> Result<ModelFiles> {
+    let config = find("config.json")?;
+    let weights = find("model.safetensors")?;
+    let tokenizer = match find("tokenizer.json") {
+        Ok(p) => TokenizerFiles::Json(p),
+        Err(first) => match (find("vocab.json"), find("merges.txt")) {
+            (Ok(vocab), Ok(merges)) => TokenizerFiles::VocabMerges { vocab, merges },
+            _ => return Err(first),
+        },
+    };
+    Ok(ModelFiles { name, config, weights, tokenizer })
 }
 
 /// A model folder on disk.
@@ -134,16 +140,7 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
             })
         }
     };
-    let config = need("config.json")?;
-    let weights = need("model.safetensors")?;
-    let tokenizer = match need("tokenizer.json") {
-        Ok(p) => TokenizerFiles::Json(p),
-        Err(first) => match (need("vocab.json"), need("merges.txt")) {
-            (Ok(vocab), Ok(merges)) => TokenizerFiles::VocabMerges { vocab, merges },
-            _ => return Err(first),
-        },
-    };
-    Ok(ModelFiles { name: dir.display().to_string(), config, weights, tokenizer })
+    assemble(dir.display().to_string(), need)
 }
 
 /// Download progress on stderr.
