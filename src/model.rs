@@ -144,6 +144,8 @@ impl Model {
         let (c, f) = (config.n_embd, config.n_inner);
         let wte = ck.tensor("wte.weight", &[config.vocab_size, c])?;
         let stored_dtype = format!("{:?}", wte.dtype).to_lowercase();
+        // Converted first, so that the f32 copy is gone before the blocks are loaded.
+        let wte = RowMatrix::new(wte.data, config.vocab_size, c, dtype);
         let h = (0..config.n_layer)
             .map(|i| {
                 let p = format!("h.{i}");
@@ -158,7 +160,7 @@ impl Model {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Model {
-            wte: RowMatrix::new(wte.data, config.vocab_size, c, dtype),
+            wte,
             wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?.data,
             h,
             ln_f: LayerNorm::load(&ck, "ln_f", c)?,

@@ -459,6 +459,23 @@ pub(crate) fn widen_row(w: &PackedMatrix, p: usize, i: usize) -> [f32; NR] {
 /// A register tile: rows `r0..r0+R` of the activations against panel `p`, reduction rows
 /// `kc0..kc1`. Implementations differ only in how they spell the same FMA chains.
 pub(crate) trait TileKernel {
+    /// One activation row (decode) against panels `p0..p1`, over the whole reduction.
+    #[inline(always)]
+    unsafe fn decode<S: Source>(
+        src: &S,
+        out: *mut f32,
+        inp: &[f32],
+        bias: &[f32],
+        k: usize,
+        n: usize,
+        p0: usize,
+        p1: usize,
+    ) {
+        for p in p0..p1 {
+            Self::tile::<S, 1>(src, out, inp, bias, k, n, p, 0, 0, k);
+        }
+    }
+
     unsafe fn tile<S: Source, const R: usize>(
         src: &S,
         out: *mut f32,
@@ -525,6 +542,9 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
     p0: usize,
     p1: usize,
 ) {
+    if t == 1 {
+        return T::decode(src, out, inp, bias, k, n, p0, p1);
+    }
     let mut kc0 = 0;
     loop {
         let kc1 = (kc0 + KC).min(k);
@@ -858,6 +878,46 @@ pub(crate) mod x86 {
     pub(crate) struct Avx2;
 
     impl TileKernel for Avx2 {
+        /// Four panels at a time: eight independent FMA chains and four weight streams in flight,
+        /// so one token's matrix-vector product runs at the memory's pace, not the FMA latency's.
+        #[inline(always)]
+        unsafe fn decode<S: Source>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p0: usize,
+            p1: usize,
+        ) {
+            const G: usize = 4;
+            let x = inp[..k].as_ptr();
+            let mut p = p0;
+            while p + G <= p1 && (p + G) * NR <= n {
+                let mut acc = [[_mm256_setzero_ps(); 2]; G];
+                for i in 0..k {
+                    // SAFETY: i < k, the length of the input row.
+                    let a = _mm256_broadcast_ss(&*x.add(i));
+                    for (q, accq) in acc.iter_mut().enumerate() {
+                        let (b0, b1) = src.row_avx2(p + q, i);
+                        accq[0] = _mm256_fmadd_ps(a, b0, accq[0]);
+                        accq[1] = _mm256_fmadd_ps(a, b1, accq[1]);
+                    }
+                }
+                for (q, accq) in acc.iter().enumerate() {
+                    let c0 = (p + q) * NR;
+                    let o = out.add(c0);
+                    _mm256_storeu_ps(o, _mm256_add_ps(accq[0], _mm256_loadu_ps(bias.as_ptr().add(c0))));
+                    _mm256_storeu_ps(o.add(8), _mm256_add_ps(accq[1], _mm256_loadu_ps(bias.as_ptr().add(c0 + 8))));
+                }
+                p += G;
+            }
+            for p in p..p1 {
+                Self::tile::<S, 1>(src, out, inp, bias, k, n, p, 0, 0, k);
+            }
+        }
+
         #[inline(always)]
         unsafe fn tile<S: Source, const R: usize>(
             src: &S,
