@@ -61,6 +61,15 @@ impl Checkpoint {
 
     /// Tensor `name` (written without the `transformer.` prefix), which must have shape `want`.
     pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Tensor> {
+        let mut data = Vec::with_capacity(want.iter().product());
+        let dtype = self.tensor_rows(name, want, |_, row| data.extend_from_slice(row))?;
+        Ok(Tensor { data, dtype })
+    }
+
+    /// Streams tensor `name` (shape `want`, rows along the first dimension) as f32 rows to `f`,
+    /// converting a block of rows at a time and releasing the file's pages behind it, so that a
+    /// large tensor (wte) never sits in memory twice. Returns the stored dtype.
+    pub fn tensor_rows(&self, name: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<Dtype> {
         let st = self.parse()?;
         let full = format!("{}{name}", self.prefix);
         let view =
@@ -73,16 +82,34 @@ impl Checkpoint {
                 want: want.to_vec(),
             });
         }
-        let bytes = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            Dtype::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            Dtype::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        let width: usize = match view.dtype() {
+            Dtype::F32 => 4,
+            Dtype::F16 | Dtype::BF16 => 2,
             other => return Err(Error::WrongDtype { name: full, file: self.file.clone(), got: format!("{other:?}") }),
         };
-        let offset = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
-        kvgpt_kernels::release_map_range(&self.mmap, offset, bytes.len());
-        Ok(Tensor { data, dtype: view.dtype() })
+        let row_len: usize = want.iter().skip(1).product();
+        let rows = want.first().copied().unwrap_or(1);
+        let bytes = view.data();
+        let base = bytes.as_ptr() as usize - self.mmap.as_ptr() as usize;
+        let block_rows = (1 << 20) / (row_len * width).max(1) + 1; // about 1 MiB of file per block
+        let mut buf: Vec<f32> = Vec::with_capacity(block_rows.min(rows) * row_len);
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + block_rows).min(rows);
+            let chunk = &bytes[r0 * row_len * width..r1 * row_len * width];
+            buf.clear();
+            match view.dtype() {
+                Dtype::F32 => buf.extend(chunk.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+                Dtype::F16 => buf.extend(chunk.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())),
+                _ => buf.extend(chunk.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+            }
+            for (i, row) in buf.chunks(row_len.max(1)).enumerate() {
+                f(r0 + i, row);
+            }
+            kvgpt_kernels::release_map_range(&self.mmap, base + r0 * row_len * width, chunk.len());
+            r0 = r1;
+        }
+        Ok(view.dtype())
     }
 
     /// Checks that every tensor the config implies is present, so that a missing one is reported

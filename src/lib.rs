@@ -44,8 +44,11 @@ pub fn load(files: &ModelFiles) -> Result<Loaded> {
 
 /// As [`load`], holding the weight matrices as `dtype` (converted or quantized at load time).
 pub fn load_as(files: &ModelFiles, dtype: WeightType) -> Result<Loaded> {
-    let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
-    let model = Model::load_as(&files.config, &files.weights, dtype)?;
+    let (tokenizer, model) = rayon::join(
+        || Tokenizer::from_files(&files.tokenizer),
+        || Model::load_as(&files.config, &files.weights, dtype),
+    );
+    let (tokenizer, model) = (tokenizer?, model?);
     if tokenizer.vocab_size() != model.config.vocab_size {
         return Err(Error::Tokenizer(format!(
             "the tokenizer has {} tokens but the model's vocabulary (vocab_size in {}) has {}; \

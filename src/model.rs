@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::tap::{Point, Tap};
 use kvgpt_kernels::{self as k, AttnDims, Isa, PackedMatrix, RowMatrix, WeightType};
+use rayon::prelude::*;
 use std::path::Path;
 
 pub struct LayerNorm {
@@ -142,11 +143,12 @@ impl Model {
         let ck = Checkpoint::open(weights_path)?;
         ck.check_names(&config)?;
         let (c, f) = (config.n_embd, config.n_inner);
-        let wte = ck.tensor("wte.weight", &[config.vocab_size, c])?;
-        let stored_dtype = format!("{:?}", wte.dtype).to_lowercase();
-        // Converted first, so that the f32 copy is gone before the blocks are loaded.
-        let wte = RowMatrix::new(wte.data, config.vocab_size, c, dtype);
+        // wte is the largest tensor: converted row block by row block into its dtype.
+        let mut wte = RowMatrix::zeros(config.vocab_size, c, dtype);
+        let stored = ck.tensor_rows("wte.weight", &[config.vocab_size, c], |r, row| wte.set_row(r, row))?;
+        let stored_dtype = format!("{stored:?}").to_lowercase();
         let h = (0..config.n_layer)
+            .into_par_iter()
             .map(|i| {
                 let p = format!("h.{i}");
                 Ok(Block {

@@ -229,8 +229,9 @@ pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, b
         // holds t*n floats (asserted above) and outlives every task.
         unsafe { packed_cols(isa, o.0, inp, w, bias, t, p0, p1) }
     };
-    // Panels per task: enough work per task, and enough tasks to balance two or more threads.
-    let per = if t == 1 { 4 } else { 2 };
+    // Panels per task. Decode: four (the tile's width). Prefill: few, large tasks (about four per
+    // thread), since every task streams all the activations once per KC block.
+    let per = if t == 1 { 4 } else { w.panels.div_ceil(4 * rayon::current_num_threads()).max(2) };
     if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || w.panels <= per {
         run(0, w.panels);
     } else {

@@ -25,29 +25,50 @@ impl RowMatrix {
     /// Stores `w` (`[N, K]` row-major) as `ty`.
     pub fn new(w: Vec<f32>, n: usize, k: usize, ty: WeightType) -> RowMatrix {
         assert_eq!(w.len(), n * k, "RowMatrix: {} values for {n}x{k}", w.len());
+        if ty == WeightType::F32 {
+            return RowMatrix { n, k, data: RowStorage::F32(w) };
+        }
+        let mut m = RowMatrix::zeros(n, k, ty);
+        for (r, row) in w.chunks(k.max(1)).enumerate().take(n) {
+            m.set_row(r, row);
+        }
+        m
+    }
+
+    /// An all-zero `[N, K]` matrix of type `ty`, to be filled with [`RowMatrix::set_row`].
+    pub fn zeros(n: usize, k: usize, ty: WeightType) -> RowMatrix {
         let data = match ty {
-            WeightType::F32 => RowStorage::F32(w),
-            WeightType::F16 => RowStorage::F16(w.iter().map(|&x| f32_to_f16_bits(x)).collect()),
-            WeightType::Bf16 => RowStorage::Bf16(w.iter().map(|&x| f32_to_bf16_bits(x)).collect()),
-            WeightType::Q8 => {
-                let blocks = k.div_ceil(Q8_BLOCK);
-                let mut scales = vec![1.0f32; n * blocks];
-                let mut q = vec![0i8; n * k];
-                for r in 0..n {
-                    for b in 0..blocks {
-                        let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(k);
-                        let amax = w[r * k..][cols.clone()].iter().fold(0.0f32, |m, x| m.max(x.abs()));
-                        let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-                        scales[r * blocks + b] = s;
-                        for c in cols {
-                            q[r * k + c] = (w[r * k + c] / s).round().clamp(-127.0, 127.0) as i8;
-                        }
-                    }
-                }
-                RowStorage::Q8 { q, scales }
-            }
+            WeightType::F32 => RowStorage::F32(vec![0.0; n * k]),
+            WeightType::F16 => RowStorage::F16(vec![0; n * k]),
+            WeightType::Bf16 => RowStorage::Bf16(vec![0; n * k]),
+            WeightType::Q8 => RowStorage::Q8 { q: vec![0; n * k], scales: vec![1.0; n * k.div_ceil(Q8_BLOCK)] },
         };
         RowMatrix { n, k, data }
+    }
+
+    /// Stores row `r` from f32 values (converted or quantized as [`RowMatrix::new`] does).
+    pub fn set_row(&mut self, r: usize, row: &[f32]) {
+        let k = self.k;
+        assert_eq!(row.len(), k, "set_row: {} values for a row of {k}", row.len());
+        match &mut self.data {
+            RowStorage::F32(d) => d[r * k..(r + 1) * k].copy_from_slice(row),
+            RowStorage::F16(d) => d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_f16_bits(x)),
+            RowStorage::Bf16(d) => {
+                d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_bf16_bits(x))
+            }
+            RowStorage::Q8 { q, scales } => {
+                let blocks = k.div_ceil(Q8_BLOCK);
+                for b in 0..blocks {
+                    let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(k);
+                    let amax = row[cols.clone()].iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                    let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                    scales[r * blocks + b] = s;
+                    for c in cols {
+                        q[r * k + c] = (row[c] / s).round().clamp(-127.0, 127.0) as i8;
+                    }
+                }
+            }
+        }
     }
 
     pub fn rows(&self) -> usize {

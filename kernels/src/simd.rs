@@ -368,11 +368,14 @@ fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
 // ---------------------------------------------------------------------------------------------
 // Packed matmul.
 
-/// Reduction rows per cache block: a panel block (KC x 16 weights) stays in L1 while every row
-/// tile of the activations passes over it.
-const KC: usize = 256;
+/// Reduction rows per cache block (GPT-2's C: c_attn and c_fc in one pass, mlp.c_proj in four).
+/// Chosen by measurement (256, 512, 768, 1024, 4096 tried with `kvgpt bench`); the result's bits
+/// do not depend on it.
+const KC: usize = 768;
 /// Rows per register tile: 6 x 16 accumulators fill 12 of the 16 AVX2 registers.
 const MR: usize = 6;
+/// Rows per cache group (a multiple of MR): 96 rows x KC floats = 96 KiB, within L2.
+const MC: usize = 96;
 
 /// One panel row, widened to f32.
 pub(crate) trait Source {
@@ -548,20 +551,27 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
     let mut kc0 = 0;
     loop {
         let kc1 = (kc0 + KC).min(k);
-        for p in p0..p1 {
-            let mut r = 0;
-            while r + MR <= t {
-                T::tile::<S, MR>(src, out, inp, bias, k, n, p, r, kc0, kc1);
-                r += MR;
+        // Rows in groups of MC: a group's KC-slice of activations stays in L2 while every
+        // panel of this task passes over it.
+        let mut g0 = 0;
+        while g0 < t {
+            let g1 = (g0 + MC).min(t);
+            for p in p0..p1 {
+                let mut r = g0;
+                while r + MR <= g1 {
+                    T::tile::<S, MR>(src, out, inp, bias, k, n, p, r, kc0, kc1);
+                    r += MR;
+                }
+                match g1 - r {
+                    0 => {}
+                    1 => T::tile::<S, 1>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                    2 => T::tile::<S, 2>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                    3 => T::tile::<S, 3>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                    4 => T::tile::<S, 4>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                    _ => T::tile::<S, 5>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                }
             }
-            match t - r {
-                0 => {}
-                1 => T::tile::<S, 1>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                2 => T::tile::<S, 2>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                3 => T::tile::<S, 3>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                4 => T::tile::<S, 4>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                _ => T::tile::<S, 5>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-            }
+            g0 = g1;
         }
         if kc1 >= k {
             break;
