@@ -809,13 +809,25 @@ pub(crate) mod x86 {
         if k % NR != 0 {
             return dot_rows_body(out, inp, w, t, r0, r1);
         }
+        // `pf(j, c)`: the address of row j, column c, for software prefetch of the next group
+        // (four rows are four short streams that the hardware prefetcher keeps losing).
         match &w.data {
-            RowStorage::F32(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c)),
-            RowStorage::F16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c)),
-            RowStorage::Bf16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c)),
+            RowStorage::F32(d) => {
+                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c), pf)
+            }
+            RowStorage::F16(d) => {
+                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c), pf)
+            }
+            RowStorage::Bf16(d) => {
+                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c), pf)
+            }
             RowStorage::Q8 { q, scales } => {
                 let blocks = k.div_ceil(Q8_BLOCK);
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]))
+                let pf = |j: usize, c: usize| q.as_ptr().wrapping_add(j * k + c) as *const i8;
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]), pf)
             }
         }
     }
@@ -831,7 +843,7 @@ pub(crate) mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn rows4<L: Fn(usize, usize) -> (V, V)>(
+    unsafe fn rows4<L: Fn(usize, usize) -> (V, V), P: Fn(usize, usize) -> *const i8>(
         out: *mut f32,
         inp: &[f32],
         n: usize,
@@ -840,9 +852,18 @@ pub(crate) mod x86 {
         r0: usize,
         r1: usize,
         load: L,
+        pf: P,
     ) {
         let mut j = r0;
         while j + 4 <= r1 {
+            // Prefetch the next group's rows (prefetching past the end is harmless: a hint).
+            for q in 4..8 {
+                let mut c = 0;
+                while c < k {
+                    _mm_prefetch::<_MM_HINT_T0>(pf(j + q, c));
+                    c += 32;
+                }
+            }
             rows_group::<L, 4>(out, inp, n, k, t, j, &load);
             j += 4;
         }
