@@ -826,7 +826,7 @@ pub(crate) mod x86 {
             }
             RowStorage::Q8 { q, scales } => {
                 let blocks = k.div_ceil(Q8_BLOCK);
-                let pf = |j: usize, c: usize| q.as_ptr().wrapping_add(j * k + c) as *const i8;
+                let pf = |j: usize, c: usize| q.as_ptr().wrapping_add(j * k + c);
                 rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]), pf)
             }
         }
