@@ -158,3 +158,72 @@ fn bad_input_gets_a_clear_error_and_a_failing_exit() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn bench_reports_every_row_in_every_format() {
+    let m = model();
+    let (out, err) = ok(&kvgpt(
+        &["bench", "--model", &m, "-p", "4,8", "-n", "3", "-r", "2", "--probe-mib", "1", "-o", "json"],
+        None,
+    ));
+    assert!(err.contains("runs"), "progress on stderr: {err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let key = |r: &serde_json::Value| {
+        (
+            r["test"].as_str().unwrap().to_string(),
+            r["mode"].as_str().unwrap().to_string(),
+            r["prompt_tokens"].as_u64().unwrap(),
+        )
+    };
+    let keys: Vec<_> = rows.iter().map(key).collect();
+    for want in [
+        ("pp4", "cached", 4),
+        ("pp8", "cached", 8),
+        ("tg3", "cached", 4),
+        ("tg3", "uncached", 4),
+        ("tg3", "cached", 8),
+        ("tg3", "uncached", 8),
+    ] {
+        assert!(keys.contains(&(want.0.to_string(), want.1.to_string(), want.2)), "{want:?} missing from {keys:?}");
+    }
+    for r in &rows {
+        assert_eq!(r["dtype"], "f32");
+        assert_eq!(r["reps"], 2);
+        for k in ["tok_s_avg", "tok_s_sd", "p50_ms", "p90_ms", "p99_ms", "peak_rss_mb"] {
+            assert!(r[k].as_f64().unwrap() >= 0.0, "{k} in {r}");
+        }
+        assert!(r["threads"].as_u64().unwrap() >= 1 && r["git"].is_string() && r["cpu_features"].is_array());
+    }
+    let (md, _) = ok(&kvgpt(&["bench", "--model", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "1"], None));
+    assert!(md.contains("tokenization and sampling are excluded"), "{md}");
+    assert!(md.contains("| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |"), "{md}");
+    assert!(md.contains("load to first token"), "{md}");
+    let (csv, _) = ok(&kvgpt(
+        &[
+            "bench",
+            "--model",
+            &m,
+            "-p",
+            "4",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--probe-mib",
+            "0",
+            "--no-uncached",
+            "--dtype",
+            "q8",
+            "-o",
+            "csv",
+        ],
+        None,
+    ));
+    let mut lines = csv.lines();
+    assert!(lines.next().unwrap().starts_with("test,mode,prompt_tokens,gen_tokens,dtype"));
+    assert_eq!(lines.filter(|l| l.contains(",q8,")).count(), 2);
+    let out = kvgpt(&["bench", "--model", &m, "-p", "0"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let out = kvgpt(&["bench", "--model", &m, "-p", "100", "-n", "100"], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds the model's 128 positions"));
+}

@@ -104,6 +104,10 @@ fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
         "p90_ms": percentile(&r.step_ms, 90.0),
         "p99_ms": percentile(&r.step_ms, 99.0),
         "peak_rss_mb": h["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        "load_ms": h["load_ms"],
+        "read_bandwidth_gb_s": h["read_bandwidth_gb_s"],
+        "isa": h["isa"],
+        "cpu_features": h["cpu_features"],
         "git": h["git"],
     });
     match r.test {
