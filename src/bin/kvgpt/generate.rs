@@ -1,6 +1,6 @@
 //! `kvgpt generate` and `kvgpt tokenize`.
 
-use crate::{load, locate, print_json, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::inspect::top_k;
@@ -41,17 +41,6 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "K")]
     pub logprobs: Option<usize>,
     /// Print one JSON object on stdout instead of streaming text.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args)]
-pub struct TokenizeArgs {
-    #[command(flatten)]
-    pub prompt: PromptArgs,
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Print {"ids", "tokens", "pieces"} as JSON.
     #[arg(long)]
     pub json: bool,
 }
@@ -187,7 +176,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     Ok(Outcome::Done)
 }
 
-pub fn tokenize(a: &TokenizeArgs) -> Result<Outcome> {
+pub fn tokenize(a: &Input) -> Result<Outcome> {
     let text = read_prompt(&a.prompt)?;
     let tok = Tokenizer::from_files(&locate(&a.model)?.tokenizer)?;
     let ids = tok.encode(&text)?;

@@ -2,7 +2,7 @@
 //! engine's real numbers, as text, JSON, heatmaps and exported tensors.
 
 use crate::render::{self, Matrix};
-use crate::{load, print_json, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use crate::{load, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use kvgpt::export::{self, Named};
@@ -71,12 +71,7 @@ pub enum InspectCmd {
 #[derive(Args, Clone)]
 pub struct Common {
     #[command(flatten)]
-    pub prompt: PromptArgs,
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
+    pub io: Input,
     /// Write the tensors shown to FILE.safetensors (all) or FILE.npy (the main one), for numpy.
     #[arg(long, value_name = "FILE")]
     pub export: Option<PathBuf>,
@@ -102,7 +97,7 @@ pub struct ExplainArgs {
 
 impl InspectCmd {
     pub fn model_args(&self) -> &ModelArgs {
-        &self.common().model
+        &self.common().io.model
     }
 
     fn common(&self) -> &Common {
@@ -124,8 +119,8 @@ struct Session {
 
 impl Session {
     fn open(c: &Common) -> Result<Session> {
-        let text = read_prompt(&c.prompt)?;
-        let loaded = load(&c.model)?;
+        let text = read_prompt(&c.io.prompt)?;
+        let loaded = load(&c.io.model)?;
         let ids = prompt_ids(&loaded, &text)?;
         Ok(Session { loaded, ids })
     }
@@ -200,7 +195,7 @@ fn tokens(c: &Common) -> Result<()> {
     }
     let bytes: Vec<&[u8]> = s.ids.iter().map(|&i| tok.token_bytes(i)).collect();
     let partial: Vec<bool> = s.ids.iter().map(|&i| tok.is_partial(i)).collect();
-    if c.json {
+    if c.io.json {
         print_json(&json!({
             "ids": s.ids,
             "tokens": s.labels(&s.ids),
@@ -258,7 +253,7 @@ fn embeddings(c: &Common, dims: usize) -> Result<()> {
             })
         })
         .collect();
-    if c.json {
+    if c.io.json {
         print_json(&json!({ "ids": s.ids, "tokens": s.labels(&s.ids), "n_embd": ch, "dims": d, "positions": rows }))?;
     } else {
         println!("x = wte[id] + wpe[position]: each row has {ch} numbers; the first {d} and the L2 norm of all {ch}:");
@@ -335,7 +330,7 @@ fn attention(c: &Common, sel: &Select, generate: usize, svg: Option<&Path>, html
         write_text(p, &render::html(&mats, &labels, &title))?;
         eprintln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
     }
-    if c.json {
+    if c.io.json {
         let nested: Vec<Vec<Vec<&[f32]>>> =
             (0..layers.len()).map(|li| heads.iter().map(|&h| matrix(li, h).chunks(n).collect()).collect()).collect();
         print_json(&json!({
@@ -431,7 +426,7 @@ fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, lens: bool) 
             view
         })
         .collect();
-    if c.json {
+    if c.io.json {
         print_json(&if all { Value::Array(views) } else { views.into_iter().next().expect("one position") })?;
     } else {
         for view in &views {
@@ -518,7 +513,7 @@ fn cache(c: &Common, generate: usize) -> Result<()> {
         "final": {"len": tr.cache.len(), "fill": tr.cache.len() as f64 / np as f64, "layers": layer_view(tr.cache.len())},
         "total_bytes_allocated": tr.cache.bytes(),
     });
-    if c.json {
+    if c.io.json {
         print_json(&view)?;
     } else {
         let mib = |b: usize| b as f64 / (1 << 20) as f64;

@@ -25,8 +25,8 @@ struct Cli {
 enum Cmd {
     /// Continue a prompt, streaming the text as tokens arrive (greedy unless a sampling flag is given).
     Generate(generate::GenerateArgs),
-    /// Show the token ids and pieces of a text.
-    Tokenize(generate::TokenizeArgs),
+    /// Show the token ids and pieces of a text (--json: {"ids", "tokens", "pieces"}).
+    Tokenize(Input),
     /// Look inside the forward pass: tokens, embeddings, attention, logits, the KV cache.
     #[command(subcommand)]
     Inspect(inspect::InspectCmd),
@@ -52,7 +52,7 @@ pub struct ModelArgs {
     #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
     /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic), or q8
-    /// (int8 with an f32 scale per row and 64 columns, quantized at load).
+    /// (int8 with an f32 scale per row and 32 columns, quantized at load).
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     pub dtype: Dtype,
 }
@@ -84,6 +84,18 @@ pub struct PromptArgs {
     /// Read the prompt from a file (one trailing newline is dropped).
     #[arg(long, conflicts_with = "prompt")]
     pub prompt_file: Option<PathBuf>,
+}
+
+/// A prompt, a model and the output format: what most commands take.
+#[derive(Args, Clone)]
+pub struct Input {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// What every command exits with: success, or a check that failed (exit 1 after printing).

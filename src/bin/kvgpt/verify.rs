@@ -1,8 +1,8 @@
 //! `kvgpt verify cache` and `kvgpt verify reference`.
 
-use crate::{load, print_json, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use crate::{load, print_json, prompt_ids, read_prompt, Input as Common, ModelArgs, Outcome};
 use anyhow::Result;
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use kvgpt::verify::{against_reference, cache_vs_recompute, Comparison};
 use serde_json::json;
 use std::path::PathBuf;
@@ -36,17 +36,6 @@ pub enum VerifyCmd {
         #[arg(long, default_value_t = 1e-4)]
         tolerance: f32,
     },
-}
-
-#[derive(Args, Clone)]
-pub struct Common {
-    #[command(flatten)]
-    pub prompt: PromptArgs,
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
 }
 
 impl VerifyCmd {
