@@ -46,8 +46,6 @@ avx2_copies! {
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
     fn gelu_body(x: &mut [f32]);
     fn softmax_body(x: &mut [f32]);
-    fn scores_body(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32);
-    fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -145,11 +143,21 @@ pub(crate) fn softmax(isa: Isa, x: &mut [f32]) {
 }
 
 pub(crate) fn scores(isa: Isa, scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-    dispatch!(isa, scores_body(scores, q, kh, hs, scale))
+    match isa.0 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
+        Kind::Avx2Fma => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
+        Kind::Scalar => scores_body(scores, q, kh, hs, scale),
+    }
 }
 
 pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-    dispatch!(isa, weighted_sum_body(out, probs, vh, hs))
+    match isa.0 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kind::Avx2Fma => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
+        Kind::Scalar => weighted_sum_body(out, probs, vh, hs),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,14 +356,14 @@ fn softmax_body(x: &mut [f32]) {
 }
 
 #[inline(always)]
-fn scores_body(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+pub(crate) fn scores_body(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
     for (j, s) in scores.iter_mut().enumerate() {
         *s = dot_body(q, &kh[j * hs..(j + 1) * hs]) * scale;
     }
 }
 
 #[inline(always)]
-fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+pub(crate) fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
     out.fill(0.0);
     for (j, &a) in probs.iter().enumerate() {
         let vj = &vh[j * hs..(j + 1) * hs];
@@ -738,7 +746,8 @@ fn widen_into_body(w: &RowMatrix, r: usize, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{
-        dot_rows_body, packed_cols_body, PackedMatrix, RowMatrix, RowStorage, Source, TileKernel, NR, Q8_BLOCK,
+        dot_rows_body, packed_cols_body, scores_body, weighted_sum_body, PackedMatrix, RowMatrix, RowStorage, Source,
+        TileKernel, NR, Q8_BLOCK,
     };
     use std::arch::x86_64::*;
 
@@ -829,6 +838,64 @@ pub(crate) mod x86 {
                 let pf = |j: usize, c: usize| q.as_ptr().wrapping_add(j * k + c);
                 rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]), pf)
             }
+        }
+    }
+
+    /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
+    /// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn scores_avx2(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+        let n = scores.len();
+        if hs % NR != 0 || q.len() < hs || kh.len() < n * hs {
+            return scores_body(scores, q, kh, hs, scale);
+        }
+        let (qp, kp) = (q.as_ptr(), kh.as_ptr());
+        let mut j = 0;
+        while j < n {
+            let g = (n - j).min(4);
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            let mut c = 0;
+            while c < hs {
+                // SAFETY: c + 16 <= hs <= q.len(), and key j+x < n has hs floats at (j+x)*hs.
+                let (a0, a1) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
+                for (x, accx) in acc.iter_mut().enumerate().take(g) {
+                    let kr = kp.add((j + x) * hs + c);
+                    accx[0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(kr), accx[0]);
+                    accx[1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(kr.add(8)), accx[1]);
+                }
+                c += NR;
+            }
+            for (x, accx) in acc.iter().enumerate().take(g) {
+                scores[j + x] = reduce16(accx[0], accx[1]) * scale;
+            }
+            j += g;
+        }
+    }
+
+    /// `out = Σ_j probs[j] · v_j` over one head with the head's 64 outputs (or any multiple of 8
+    /// up to 64) held in registers; the same chain per output as `weighted_sum_body`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn weighted_sum_avx2(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+        if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
+            return weighted_sum_body(out, probs, vh, hs);
+        }
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (j, &pj) in probs.iter().enumerate() {
+            let a = _mm256_set1_ps(pj);
+            // SAFETY: row j of vh holds 64 floats (checked above).
+            let v = vh.as_ptr().add(j * 64);
+            for (d, accd) in acc.iter_mut().enumerate() {
+                *accd = _mm256_fmadd_ps(a, _mm256_loadu_ps(v.add(8 * d)), *accd);
+            }
+        }
+        for (d, accd) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * d), *accd);
         }
     }
 

@@ -196,9 +196,15 @@ fn layernorm_gelu_softmax_every_path() {
 
 #[test]
 fn attention_every_path_and_cached_equals_full() {
-    let (nh, hs, t_max) = (3usize, 17usize, 40usize);
+    // Head sizes: 17 (no SIMD shortcut), 16 (four-key scores), 64 (GPT-2: register-held sums).
+    for (nh, hs, t_max) in [(3usize, 17usize, 40usize), (2, 16, 40), (3, 64, 40)] {
+        attention_case(nh, hs, t_max);
+    }
+}
+
+fn attention_case(nh: usize, hs: usize, t_max: usize) {
     let c = nh * hs;
-    for &total in &[1usize, 2, 7, 33] {
+    for &total in &[1usize, 2, 3, 5, 7, 33] {
         let mut g = Gen(total as u64 + 100);
         let q = g.vec(total * 3 * c); // rows laid out like c_attn's [q | k | v]
         let k_cache = g.vec(nh * t_max * hs);
