@@ -15,6 +15,7 @@
 //! [`Isa`] is detected once by the caller and passed in; tests run every path against the scalar one.
 #![allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last.
 
+mod aligned;
 mod math;
 mod packed;
 mod rows;

@@ -9,6 +9,7 @@
 //! `w` is the stored weight widened to f32 (int8: `q as f32 * scale`). That is exactly what the
 //! reference [`crate::matmul`] computes on the widened matrix, whatever the tile, thread or ISA.
 
+use crate::aligned::Aligned;
 use crate::simd::packed_cols;
 use crate::{Isa, SendPtr, PAR_MIN_WORK};
 use rayon::prelude::*;
@@ -40,10 +41,10 @@ impl WeightType {
 }
 
 pub(crate) enum Storage {
-    F32(Vec<f32>),
-    F16(Vec<u16>),
-    Bf16(Vec<u16>),
-    Q8 { q: Vec<i8>, scales: Vec<f32> },
+    F32(Aligned<f32>),
+    F16(Aligned<u16>),
+    Bf16(Aligned<u16>),
+    Q8 { q: Aligned<i8>, scales: Vec<f32> },
 }
 
 /// A `[K, N]` weight matrix in panels.
@@ -128,18 +129,29 @@ impl PackedMatrix {
                 0.0
             }
         };
-        let mut panel_order = Vec::with_capacity(panels * k * NR);
-        for p in 0..panels {
-            for i in 0..k {
-                for j in 0..NR {
-                    panel_order.push(at(p, i, j));
+        // Every weight in panel order: panel p, row i, column j.
+        let in_panel_order = || {
+            let mut v: Aligned<f32> = Aligned::zeroed(panels * k * NR);
+            for (idx, x) in v.iter_mut().enumerate() {
+                *x = at(idx / (k * NR), (idx / NR) % k, idx % NR);
+            }
+            v
+        };
+        let data = match ty {
+            WeightType::F32 => Storage::F32(in_panel_order()),
+            WeightType::F16 | WeightType::Bf16 => {
+                let panel_order = in_panel_order();
+                let mut h: Aligned<u16> = Aligned::zeroed(panel_order.len());
+                let conv = if ty == WeightType::F16 { f32_to_f16_bits } else { f32_to_bf16_bits };
+                for (o, &x) in h.iter_mut().zip(panel_order.iter()) {
+                    *o = conv(x);
+                }
+                if ty == WeightType::F16 {
+                    Storage::F16(h)
+                } else {
+                    Storage::Bf16(h)
                 }
             }
-        }
-        let data = match ty {
-            WeightType::F32 => Storage::F32(panel_order),
-            WeightType::F16 => Storage::F16(panel_order.iter().map(|&x| f32_to_f16_bits(x)).collect()),
-            WeightType::Bf16 => Storage::Bf16(panel_order.iter().map(|&x| f32_to_bf16_bits(x)).collect()),
             WeightType::Q8 => {
                 let blocks = n.div_ceil(Q8_BLOCK);
                 let mut scales = vec![0.0f32; blocks * k];
@@ -150,15 +162,11 @@ impl PackedMatrix {
                         scales[b * k + i] = if amax > 0.0 { amax / 127.0 } else { 1.0 };
                     }
                 }
-                let mut q = Vec::with_capacity(panel_order.len());
-                for p in 0..panels {
-                    let b = p * NR / Q8_BLOCK;
-                    for i in 0..k {
-                        let s = scales[b * k + i];
-                        for j in 0..NR {
-                            q.push((at(p, i, j) / s).round().clamp(-127.0, 127.0) as i8);
-                        }
-                    }
+                let mut q: Aligned<i8> = Aligned::zeroed(panels * k * NR);
+                for (idx, v) in q.iter_mut().enumerate() {
+                    let (p, i, j) = (idx / (k * NR), (idx / NR) % k, idx % NR);
+                    let s = scales[(p * NR / Q8_BLOCK) * k + i];
+                    *v = (at(p, i, j) / s).round().clamp(-127.0, 127.0) as i8;
                 }
                 Storage::Q8 { q, scales }
             }

@@ -2,16 +2,17 @@
 //! and, tied, the vocabulary projection `logits = x @ wteᵀ` (one dot product per row).
 //! Stored as f32, f16, bf16, or int8 with one scale per row and block of [`Q8_BLOCK`] columns.
 
+use crate::aligned::Aligned;
 use crate::packed::{f32_to_bf16_bits, f32_to_f16_bits, WeightType, Q8_BLOCK};
 use crate::simd::{dot_rows, widen_into};
 use crate::{Isa, SendPtr, PAR_MIN_WORK};
 use rayon::prelude::*;
 
 pub(crate) enum RowStorage {
-    F32(Vec<f32>),
-    F16(Vec<u16>),
-    Bf16(Vec<u16>),
-    Q8 { q: Vec<i8>, scales: Vec<f32> },
+    F32(Aligned<f32>),
+    F16(Aligned<u16>),
+    Bf16(Aligned<u16>),
+    Q8 { q: Aligned<i8>, scales: Vec<f32> },
 }
 
 /// `[N, K]` rows.
@@ -26,7 +27,7 @@ impl RowMatrix {
     pub fn new(w: Vec<f32>, n: usize, k: usize, ty: WeightType) -> RowMatrix {
         assert_eq!(w.len(), n * k, "RowMatrix: {} values for {n}x{k}", w.len());
         if ty == WeightType::F32 {
-            return RowMatrix { n, k, data: RowStorage::F32(w) };
+            return RowMatrix { n, k, data: RowStorage::F32(Aligned::from_slice(&w)) };
         }
         let mut m = RowMatrix::zeros(n, k, ty);
         for (r, row) in w.chunks(k.max(1)).enumerate().take(n) {
@@ -38,10 +39,10 @@ impl RowMatrix {
     /// An all-zero `[N, K]` matrix of type `ty`, to be filled with [`RowMatrix::set_row`].
     pub fn zeros(n: usize, k: usize, ty: WeightType) -> RowMatrix {
         let data = match ty {
-            WeightType::F32 => RowStorage::F32(vec![0.0; n * k]),
-            WeightType::F16 => RowStorage::F16(vec![0; n * k]),
-            WeightType::Bf16 => RowStorage::Bf16(vec![0; n * k]),
-            WeightType::Q8 => RowStorage::Q8 { q: vec![0; n * k], scales: vec![1.0; n * k.div_ceil(Q8_BLOCK)] },
+            WeightType::F32 => RowStorage::F32(Aligned::zeroed(n * k)),
+            WeightType::F16 => RowStorage::F16(Aligned::zeroed(n * k)),
+            WeightType::Bf16 => RowStorage::Bf16(Aligned::zeroed(n * k)),
+            WeightType::Q8 => RowStorage::Q8 { q: Aligned::zeroed(n * k), scales: vec![1.0; n * k.div_ceil(Q8_BLOCK)] },
         };
         RowMatrix { n, k, data }
     }
