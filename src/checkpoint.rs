@@ -17,12 +17,6 @@ pub struct Checkpoint {
     prefix: &'static str,
 }
 
-/// One decoded tensor: its stored dtype is kept for reporting.
-pub struct Tensor {
-    pub data: Vec<f32>,
-    pub dtype: Dtype,
-}
-
 impl Checkpoint {
     pub fn open(file: &Path) -> Result<Checkpoint> {
         let f = std::fs::File::open(file).map_err(|e| match e.kind() {
@@ -50,20 +44,16 @@ impl Checkpoint {
             .map_err(|e| Error::CorruptWeights { file: self.file.clone(), reason: e.to_string() })
     }
 
-    pub fn file(&self) -> &Path {
-        &self.file
-    }
-
     /// The names of every tensor in the file.
     pub fn names(&self) -> Result<Vec<String>> {
         Ok(self.parse()?.names().into_iter().map(String::from).collect())
     }
 
     /// Tensor `name` (written without the `transformer.` prefix), which must have shape `want`.
-    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Tensor> {
+    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
         let mut data = Vec::with_capacity(want.iter().product());
-        let dtype = self.tensor_rows(name, want, |_, row| data.extend_from_slice(row))?;
-        Ok(Tensor { data, dtype })
+        self.tensor_rows(name, want, |_, row| data.extend_from_slice(row))?;
+        Ok(data)
     }
 
     /// Streams tensor `name` (shape `want`, rows along the first dimension) as f32 rows to `f`,

@@ -48,8 +48,6 @@ pub struct Timings {
     /// Every later forward call, one per generated token after the first.
     pub decode: Duration,
     pub decode_steps: usize,
-    /// Each decode step's time.
-    pub per_step: Vec<Duration>,
 }
 
 impl Timings {
@@ -99,7 +97,6 @@ pub fn generate(
     let mut seq: Vec<u32> = Vec::with_capacity(prompt_ids.len() + opts.max_new_tokens);
     seq.extend_from_slice(prompt_ids);
     let mut timings = Timings { prefill_tokens: prompt_ids.len(), ..Timings::default() };
-    timings.per_step.reserve(opts.max_new_tokens);
     let mut finish = FinishReason::Length;
 
     for step in 0..opts.max_new_tokens {
@@ -118,7 +115,6 @@ pub fn generate(
         } else {
             timings.decode += took;
             timings.decode_steps += 1;
-            timings.per_step.push(took);
         }
         let next = sampler.sample(&logits);
         seq.push(next);

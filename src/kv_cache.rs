@@ -44,15 +44,6 @@ impl KvCache {
         self.capacity
     }
 
-    pub fn n_layer(&self) -> usize {
-        self.layers.len()
-    }
-
-    /// `[NH, HS]` of one layer's K (or V) per position.
-    pub fn head_shape(&self) -> (usize, usize) {
-        (self.n_head, self.head_dim)
-    }
-
     /// Forgets every position (the buffers stay allocated).
     pub fn reset(&mut self) {
         self.len = 0;

@@ -96,10 +96,10 @@ impl Scratch {
 
 impl Conv1D {
     fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
-        let w = ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?.data;
+        let w = ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?;
         Ok(Conv1D {
             weight: PackedMatrix::pack(&w, n_in, n_out, dtype),
-            bias: ck.tensor(&format!("{name}.bias"), &[n_out])?.data,
+            bias: ck.tensor(&format!("{name}.bias"), &[n_out])?,
         })
     }
 
@@ -112,8 +112,8 @@ impl Conv1D {
 impl LayerNorm {
     fn load(ck: &Checkpoint, name: &str, c: usize) -> Result<LayerNorm> {
         Ok(LayerNorm {
-            weight: ck.tensor(&format!("{name}.weight"), &[c])?.data,
-            bias: ck.tensor(&format!("{name}.bias"), &[c])?.data,
+            weight: ck.tensor(&format!("{name}.weight"), &[c])?,
+            bias: ck.tensor(&format!("{name}.bias"), &[c])?,
         })
     }
 
@@ -163,7 +163,7 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         Ok(Model {
             wte,
-            wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?.data,
+            wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?,
             h,
             ln_f: LayerNorm::load(&ck, "ln_f", c)?,
             stored_dtype,
@@ -200,12 +200,6 @@ impl Model {
             })
             .sum();
         self.wte.bytes() + 4 * self.wpe.len() + blocks + ln(&self.ln_f)
-    }
-
-    /// Bytes of weights read per decoded token: every matrix once (the tied `wte` as the
-    /// vocabulary projection) and the small vectors; `wpe` only one row.
-    pub fn bytes_per_token(&self) -> usize {
-        self.weight_bytes() - 4 * self.wpe.len()
     }
 
     /// The forward pass over `ids` at positions `cache.len()..cache.len()+T`.

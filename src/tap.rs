@@ -120,11 +120,6 @@ impl Recorder {
         Recorder { filter: Some(f), ..Recorder::default() }
     }
 
-    /// The tensor at `point` in call `call`.
-    pub fn get(&self, call: usize, point: Point) -> Option<&Recorded> {
-        self.calls.get(call)?.get(&point)
-    }
-
     /// The tensor at `point` in the last call.
     pub fn last(&self, point: Point) -> Option<&Recorded> {
         self.calls.last()?.get(&point)

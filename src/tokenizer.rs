@@ -10,12 +10,6 @@ use tokenizers::AddedToken;
 
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 
-/// Ids and, for each, the byte range `[start, end)` of the text it came from.
-pub struct Encoded {
-    pub ids: Vec<u32>,
-    pub offsets: Vec<(usize, usize)>,
-}
-
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The raw bytes of every id (byte-level BPE pieces mapped back through GPT-2's byte table).
@@ -95,12 +89,6 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
-    }
-
-    /// Ids of `text` with the byte range of the text each token came from.
-    pub fn encode_with_offsets(&self, text: &str) -> Result<Encoded> {
-        let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
-        Ok(Encoded { ids: enc.get_ids().to_vec(), offsets: enc.get_offsets().to_vec() })
     }
 
     /// The raw bytes of one token (may be part of a UTF-8 character). Unknown ids give no bytes.

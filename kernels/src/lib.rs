@@ -118,7 +118,8 @@ pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t
 /// `out[T, N] = inp[T, K] @ w[N, K]ᵀ` — a projection whose weights are stored `[out, in]`
 /// (the tied vocabulary projection uses `wte` `[V, C]` this way).
 ///
-/// Each element is [`dot`] of a row of `inp` and a row of `w`.
+/// Each element is a dot product in the engine's fixed order: 16 lanes of fused multiply-adds,
+/// then a fixed pairwise sum of the lanes.
 pub fn matmul_t(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
     assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n);
     let out_ptr = SendPtr(out.as_mut_ptr());
@@ -134,12 +135,6 @@ pub fn matmul_t(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: 
         let per = 256;
         (0..n.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(n)));
     }
-}
-
-/// The dot product in the engine's fixed order: 16 lanes of fused multiply-adds, then a fixed
-/// pairwise sum of the lanes.
-pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    simd::dot(isa, a, b)
 }
 
 /// The sum of `a` in the engine's fixed order (16 lanes, then a fixed pairwise sum).

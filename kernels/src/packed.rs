@@ -40,11 +40,32 @@ impl WeightType {
     }
 }
 
+/// Stored weights, for both matrix layouts ([`PackedMatrix`] panels, [`crate::RowMatrix`] rows).
 pub(crate) enum Storage {
     F32(Aligned<f32>),
     F16(Aligned<u16>),
     Bf16(Aligned<u16>),
     Q8 { q: Aligned<i8>, scales: Vec<f32> },
+}
+
+impl Storage {
+    pub(crate) fn weight_type(&self) -> WeightType {
+        match self {
+            Storage::F32(_) => WeightType::F32,
+            Storage::F16(_) => WeightType::F16,
+            Storage::Bf16(_) => WeightType::Bf16,
+            Storage::Q8 { .. } => WeightType::Q8,
+        }
+    }
+
+    /// Bytes held (padding and scales included).
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Storage::F32(v) => v.len() * 4,
+            Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
+            Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
+        }
+    }
 }
 
 /// A `[K, N]` weight matrix in panels.
@@ -187,21 +208,12 @@ impl PackedMatrix {
     }
 
     pub fn weight_type(&self) -> WeightType {
-        match self.data {
-            Storage::F32(_) => WeightType::F32,
-            Storage::F16(_) => WeightType::F16,
-            Storage::Bf16(_) => WeightType::Bf16,
-            Storage::Q8 { .. } => WeightType::Q8,
-        }
+        self.data.weight_type()
     }
 
     /// Bytes held (padding and scales included).
     pub fn bytes(&self) -> usize {
-        match &self.data {
-            Storage::F32(v) => v.len() * 4,
-            Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
-            Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
-        }
+        self.data.bytes()
     }
 
     /// The matrix as the kernel sees it: `[K, N]` f32, every weight widened (dequantized).

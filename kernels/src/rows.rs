@@ -3,23 +3,16 @@
 //! Stored as f32, f16, bf16, or int8 with one scale per row and block of [`Q8_BLOCK`] columns.
 
 use crate::aligned::Aligned;
-use crate::packed::{f32_to_bf16_bits, f32_to_f16_bits, WeightType, Q8_BLOCK};
+use crate::packed::{f32_to_bf16_bits, f32_to_f16_bits, Storage, WeightType, Q8_BLOCK};
 use crate::simd::{dot_rows, widen_into};
 use crate::{Isa, SendPtr, PAR_MIN_WORK};
 use rayon::prelude::*;
-
-pub(crate) enum RowStorage {
-    F32(Aligned<f32>),
-    F16(Aligned<u16>),
-    Bf16(Aligned<u16>),
-    Q8 { q: Aligned<i8>, scales: Vec<f32> },
-}
 
 /// `[N, K]` rows.
 pub struct RowMatrix {
     n: usize,
     k: usize,
-    pub(crate) data: RowStorage,
+    pub(crate) data: Storage,
 }
 
 impl RowMatrix {
@@ -27,7 +20,7 @@ impl RowMatrix {
     pub fn new(w: Vec<f32>, n: usize, k: usize, ty: WeightType) -> RowMatrix {
         assert_eq!(w.len(), n * k, "RowMatrix: {} values for {n}x{k}", w.len());
         if ty == WeightType::F32 {
-            return RowMatrix { n, k, data: RowStorage::F32(Aligned::from_slice(&w)) };
+            return RowMatrix { n, k, data: Storage::F32(Aligned::from_slice(&w)) };
         }
         let mut m = RowMatrix::zeros(n, k, ty);
         for (r, row) in w.chunks(k.max(1)).enumerate().take(n) {
@@ -39,10 +32,10 @@ impl RowMatrix {
     /// An all-zero `[N, K]` matrix of type `ty`, to be filled with [`RowMatrix::set_row`].
     pub fn zeros(n: usize, k: usize, ty: WeightType) -> RowMatrix {
         let data = match ty {
-            WeightType::F32 => RowStorage::F32(Aligned::zeroed(n * k)),
-            WeightType::F16 => RowStorage::F16(Aligned::zeroed(n * k)),
-            WeightType::Bf16 => RowStorage::Bf16(Aligned::zeroed(n * k)),
-            WeightType::Q8 => RowStorage::Q8 { q: Aligned::zeroed(n * k), scales: vec![1.0; n * k.div_ceil(Q8_BLOCK)] },
+            WeightType::F32 => Storage::F32(Aligned::zeroed(n * k)),
+            WeightType::F16 => Storage::F16(Aligned::zeroed(n * k)),
+            WeightType::Bf16 => Storage::Bf16(Aligned::zeroed(n * k)),
+            WeightType::Q8 => Storage::Q8 { q: Aligned::zeroed(n * k), scales: vec![1.0; n * k.div_ceil(Q8_BLOCK)] },
         };
         RowMatrix { n, k, data }
     }
@@ -52,12 +45,10 @@ impl RowMatrix {
         let k = self.k;
         assert_eq!(row.len(), k, "set_row: {} values for a row of {k}", row.len());
         match &mut self.data {
-            RowStorage::F32(d) => d[r * k..(r + 1) * k].copy_from_slice(row),
-            RowStorage::F16(d) => d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_f16_bits(x)),
-            RowStorage::Bf16(d) => {
-                d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_bf16_bits(x))
-            }
-            RowStorage::Q8 { q, scales } => {
+            Storage::F32(d) => d[r * k..(r + 1) * k].copy_from_slice(row),
+            Storage::F16(d) => d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_f16_bits(x)),
+            Storage::Bf16(d) => d[r * k..(r + 1) * k].iter_mut().zip(row).for_each(|(o, &x)| *o = f32_to_bf16_bits(x)),
+            Storage::Q8 { q, scales } => {
                 let blocks = k.div_ceil(Q8_BLOCK);
                 for b in 0..blocks {
                     let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(k);
@@ -81,20 +72,12 @@ impl RowMatrix {
     }
 
     pub fn weight_type(&self) -> WeightType {
-        match self.data {
-            RowStorage::F32(_) => WeightType::F32,
-            RowStorage::F16(_) => WeightType::F16,
-            RowStorage::Bf16(_) => WeightType::Bf16,
-            RowStorage::Q8 { .. } => WeightType::Q8,
-        }
+        self.data.weight_type()
     }
 
+    /// Bytes held (scales included).
     pub fn bytes(&self) -> usize {
-        match &self.data {
-            RowStorage::F32(v) => v.len() * 4,
-            RowStorage::F16(v) | RowStorage::Bf16(v) => v.len() * 2,
-            RowStorage::Q8 { q, scales } => q.len() + scales.len() * 4,
-        }
+        self.data.bytes()
     }
 
     /// Row `r` widened to f32 into `out` (`K` floats).
@@ -119,7 +102,7 @@ impl RowMatrix {
     }
 }
 
-/// `out[T, N] = inp[T, K] @ Wᵀ` for `W` = `[N, K]` rows: each element is [`crate::dot`] of an
+/// `out[T, N] = inp[T, K] @ Wᵀ` for `W` = `[N, K]` rows: each element is the engine's fixed-order dot product of an
 /// input row and a widened weight row (the same bits as [`crate::matmul_t`] on `W.unpack()`).
 pub fn matmul_t_rows(isa: Isa, out: &mut [f32], inp: &[f32], w: &RowMatrix, t: usize) {
     let (n, k) = (w.n, w.k);

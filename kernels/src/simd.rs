@@ -4,7 +4,7 @@
 
 use crate::math::{exp_approx, gelu_new_scalar};
 use crate::packed::{bf16_bits_to_f32, f16_bits_to_f32, PackedMatrix, Storage, NR, Q8_BLOCK};
-use crate::rows::{RowMatrix, RowStorage};
+use crate::rows::RowMatrix;
 use crate::{Isa, Kind};
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
@@ -41,7 +41,6 @@ macro_rules! avx2_copies {
 avx2_copies! {
     fn matmul_cols_body(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize);
     fn matmul_t_rows_body(out: *mut f32, inp: &[f32], w: &[f32], t: usize, k: usize, n: usize, r0: usize, r1: usize);
-    fn dot_body(a: &[f32], b: &[f32]) -> f32;
     fn sum_body(a: &[f32]) -> f32;
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
     fn gelu_body(x: &mut [f32]);
@@ -120,10 +119,6 @@ pub(crate) unsafe fn dot_rows(isa: Isa, out: *mut f32, inp: &[f32], w: &RowMatri
 
 pub(crate) fn widen_into(w: &RowMatrix, r: usize, out: &mut [f32]) {
     widen_into_body(w, r, out)
-}
-
-pub(crate) fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    dispatch!(isa, dot_body(a, b))
 }
 
 pub(crate) fn sum(isa: Isa, a: &[f32]) -> f32 {
@@ -696,19 +691,19 @@ macro_rules! with_row {
         let k = $w.cols();
         let r = $r;
         match &$w.data {
-            RowStorage::F32(d) => {
+            Storage::F32(d) => {
                 let $s = RowF32(&d[r * k..(r + 1) * k]);
                 $body
             }
-            RowStorage::F16(d) => {
+            Storage::F16(d) => {
                 let $s = RowF16(&d[r * k..(r + 1) * k]);
                 $body
             }
-            RowStorage::Bf16(d) => {
+            Storage::Bf16(d) => {
                 let $s = RowBf16(&d[r * k..(r + 1) * k]);
                 $body
             }
-            RowStorage::Q8 { q, scales } => {
+            Storage::Q8 { q, scales } => {
                 let blocks = k.div_ceil(Q8_BLOCK);
                 let $s = RowQ8(&q[r * k..(r + 1) * k], &scales[r * blocks..(r + 1) * blocks]);
                 $body
@@ -746,7 +741,7 @@ fn widen_into_body(w: &RowMatrix, r: usize, out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{
-        dot_rows_body, packed_cols_body, scores_body, weighted_sum_body, PackedMatrix, RowMatrix, RowStorage, Source,
+        dot_rows_body, packed_cols_body, scores_body, weighted_sum_body, PackedMatrix, RowMatrix, Source, Storage,
         TileKernel, NR, Q8_BLOCK,
     };
     use std::arch::x86_64::*;
@@ -818,25 +813,18 @@ pub(crate) mod x86 {
         if k % NR != 0 {
             return dot_rows_body(out, inp, w, t, r0, r1);
         }
-        // `pf(j, c)`: the address of row j, column c, for software prefetch of the next group
-        // (four rows are four short streams that the hardware prefetcher keeps losing).
+        // `rows` = (start, bytes per element) of the stored rows, for software prefetch of the
+        // next group (four rows are four short streams that the hardware prefetcher keeps losing).
         match &w.data {
-            RowStorage::F32(d) => {
-                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c), pf)
+            Storage::F32(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c), (d.as_ptr().cast(), 4)),
+            Storage::F16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c), (d.as_ptr().cast(), 2)),
+            Storage::Bf16(d) => {
+                rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c), (d.as_ptr().cast(), 2))
             }
-            RowStorage::F16(d) => {
-                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c), pf)
-            }
-            RowStorage::Bf16(d) => {
-                let pf = |j: usize, c: usize| d.as_ptr().wrapping_add(j * k + c) as *const i8;
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c), pf)
-            }
-            RowStorage::Q8 { q, scales } => {
+            Storage::Q8 { q, scales } => {
                 let blocks = k.div_ceil(Q8_BLOCK);
-                let pf = |j: usize, c: usize| q.as_ptr().wrapping_add(j * k + c);
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]), pf)
+                let load = |j: usize, c: usize| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]);
+                rows4(out, inp, n, k, t, r0, r1, load, (q.as_ptr(), 1))
             }
         }
     }
@@ -910,7 +898,7 @@ pub(crate) mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn rows4<L: Fn(usize, usize) -> (V, V), P: Fn(usize, usize) -> *const i8>(
+    unsafe fn rows4<L: Fn(usize, usize) -> (V, V)>(
         out: *mut f32,
         inp: &[f32],
         n: usize,
@@ -919,7 +907,7 @@ pub(crate) mod x86 {
         r0: usize,
         r1: usize,
         load: L,
-        pf: P,
+        (rows, elem): (*const i8, usize),
     ) {
         let mut j = r0;
         while j + 4 <= r1 {
@@ -927,7 +915,7 @@ pub(crate) mod x86 {
             for q in 4..8 {
                 let mut c = 0;
                 while c < k {
-                    _mm_prefetch::<_MM_HINT_T0>(pf(j + q, c));
+                    _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(((j + q) * k + c) * elem));
                     c += 32;
                 }
             }
