@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::tap::{Point, Tap};
-use kvgpt_kernels::{self as k, AttnDims, Isa, PackedMatrix, RowMatrix, WeightType};
+use kvgpt_kernels::{self as k, AttnDims, Isa, PackedMatrix, WeightType, Q8_BLOCK};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -36,8 +36,13 @@ pub struct Block {
 /// An immutable GPT-2. All state of a run lives in the [`KvCache`] and the [`Scratch`].
 pub struct Model {
     pub config: Config,
-    pub wte: RowMatrix, // [V, C], also the (tied) vocabulary projection
-    pub wpe: Vec<f32>,  // [n_positions, C]
+    /// The token embedding `[V, C]`, held transposed as `[C, V]` panels: the tied vocabulary
+    /// projection `x @ wteᵀ` then streams it like any other weight, and a token's embedding is
+    /// column `id`.
+    pub wte: PackedMatrix, // [C, V]
+    pub wpe: Vec<f32>, // [n_positions, C]
+    /// The vocabulary projection's bias: none (zeros, added exactly).
+    no_bias: Vec<f32>, // [V]
     pub h: Vec<Block>,
     pub ln_f: LayerNorm,
     /// The dtype the weights were stored in, in the file.
@@ -143,9 +148,18 @@ impl Model {
         let ck = Checkpoint::open(weights_path)?;
         ck.check_names(&config)?;
         let (c, f) = (config.n_embd, config.n_inner);
-        // wte is the largest tensor: converted row block by row block into its dtype.
-        let mut wte = RowMatrix::zeros(config.vocab_size, c, dtype);
-        let stored = ck.tensor_rows("wte.weight", &[config.vocab_size, c], |r, row| wte.set_row(r, row))?;
+        // wte is the largest tensor: streamed in blocks of Q8_BLOCK rows (columns of wteᵀ), each
+        // converted into its dtype, so it never sits in memory as f32 whole.
+        let v = config.vocab_size;
+        let mut wte = PackedMatrix::zeros(c, v, dtype);
+        let mut block = Vec::with_capacity(Q8_BLOCK * c);
+        let stored = ck.tensor_rows("wte.weight", &[v, c], |r, row| {
+            block.extend_from_slice(row);
+            if block.len() == Q8_BLOCK * c || r + 1 == v {
+                wte.set_cols(r + 1 - block.len() / c, &block);
+                block.clear();
+            }
+        })?;
         let stored_dtype = format!("{stored:?}").to_lowercase();
         let h = (0..config.n_layer)
             .into_par_iter()
@@ -163,6 +177,7 @@ impl Model {
             .collect::<Result<Vec<_>>>()?;
         Ok(Model {
             wte,
+            no_bias: vec![0.0; v],
             wpe: ck.tensor("wpe.weight", &[config.n_positions, c])?,
             h,
             ln_f: LayerNorm::load(&ck, "ln_f", c)?,
@@ -239,7 +254,7 @@ impl Model {
         // Token plus position embeddings.                                          x: [T, C]
         for (i, &id) in ids.iter().enumerate() {
             let row = &mut x[i * c..(i + 1) * c];
-            self.wte.row_into(id as usize, row);
+            self.wte.column_into(id as usize, row);
             for (xo, b) in row.iter_mut().zip(&self.wpe[(p + i) * c..][..c]) {
                 *xo += b;
             }
@@ -285,7 +300,7 @@ impl Model {
         let first = if tap.wants(Point::LnF) { 0 } else { t - r };
         self.ln_f.forward(isa, &mut xn[first * c..], &x[first * c..], t - first, eps);
         report(tap, Point::LnF, &[t - first, c], &xn[first * c..]);
-        k::matmul_t_rows(isa, logits, &xn[(t - r) * c..], &self.wte, r); //          [R, V]
+        k::matmul_packed(isa, logits, &xn[(t - r) * c..], &self.wte, &self.no_bias, r); // [R, V]
         report(tap, Point::Logits, &[r, v], logits);
         Ok(())
     }
@@ -298,7 +313,7 @@ impl Model {
         let mut xn = vec![0.0; r * c];
         self.ln_f.forward(self.isa, &mut xn, hidden, r, self.config.layer_norm_epsilon);
         let mut out = vec![0.0; r * v];
-        k::matmul_t_rows(self.isa, &mut out, &xn, &self.wte, r);
+        k::matmul_packed(self.isa, &mut out, &xn, &self.wte, &self.no_bias, r);
         out
     }
 }

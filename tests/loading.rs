@@ -80,7 +80,10 @@ fn sixteen_bit_checkpoints_load_exactly_and_match_within_rounding() {
                 _ => bf16::from_f32(x).to_f32(),
             })
             .collect();
-        assert!(model.wte.unpack() == rounded, "{dtype:?} wte");
+        // wte is held transposed ([C, V]): column v of the model's matrix is row v of the file's.
+        let (v, c) = (model.config.vocab_size, model.config.n_embd);
+        let held = model.wte.unpack();
+        assert!((0..v).all(|t| (0..c).all(|i| held[i * v + t] == rounded[t * c + i])), "{dtype:?} wte");
         let logits = logits_of(dir.path(), &p1.ids);
         let d = assert_close(&format!("{dtype:?} logits"), &logits, &want, tol);
         println!("{dtype:?}: max |Δlogit| vs f32 reference = {d:.3e} (tolerance {tol})");

@@ -28,7 +28,7 @@ fn distilgpt2_matches_transformers() {
     let Some(l) = real_model() else { return };
     let ids = l.tokenizer.encode("The cat sat on").unwrap();
     assert_eq!(ids, vec![464, 3797, 3332, 319]);
-    let row = &l.model.wte.row(464)[..3];
+    let row = &l.model.wte.column(464)[..3];
     for (got, want) in row.iter().zip([-0.06264858692884445f64, -0.04490645229816437, 0.0558876097202301]) {
         assert!((*got as f64 - want).abs() < 1e-7, "wte[464]: {got} vs {want}");
     }

@@ -27,12 +27,6 @@ impl<T: Plain> Aligned<T> {
         let bytes = len * std::mem::size_of::<T>();
         Aligned { lines: vec![Line([0; 64]); bytes.div_ceil(64)], len, _t: PhantomData }
     }
-
-    pub fn from_slice(v: &[T]) -> Aligned<T> {
-        let mut a = Aligned::zeroed(v.len());
-        a.copy_from_slice(v);
-        a
-    }
 }
 
 impl<T: Plain> Deref for Aligned<T> {
@@ -59,7 +53,8 @@ mod tests {
     #[test]
     fn starts_on_a_cache_line_and_round_trips() {
         let v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-        let a = Aligned::from_slice(&v);
+        let mut a = Aligned::zeroed(v.len());
+        a.copy_from_slice(&v);
         assert_eq!(a.as_ptr() as usize % 64, 0);
         assert_eq!(&a[..], &v[..]);
         let b: Aligned<i8> = Aligned::zeroed(3);

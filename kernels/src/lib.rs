@@ -18,7 +18,6 @@
 mod aligned;
 mod math;
 mod packed;
-mod rows;
 mod simd;
 
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
@@ -26,7 +25,6 @@ pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, matmul_packed, PackedMatrix, WeightType, NR,
     Q8_BLOCK,
 };
-pub use rows::{matmul_t_rows, RowMatrix};
 
 use rayon::prelude::*;
 
@@ -112,28 +110,6 @@ pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t
     } else {
         let chunks = n.div_ceil(PAR_COLS);
         (0..chunks).into_par_iter().for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
-    }
-}
-
-/// `out[T, N] = inp[T, K] @ w[N, K]ᵀ` — a projection whose weights are stored `[out, in]`
-/// (the tied vocabulary projection uses `wte` `[V, C]` this way).
-///
-/// Each element is a dot product in the engine's fixed order: 16 lanes of fused multiply-adds,
-/// then a fixed pairwise sum of the lanes.
-pub fn matmul_t(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
-    assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n);
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let run = |r0: usize, r1: usize| {
-        let p = out_ptr;
-        // SAFETY: tasks get disjoint ranges [r0, r1) of weight rows, i.e. disjoint output
-        // columns; `out` holds t*n floats (asserted above) and outlives every task.
-        unsafe { simd::matmul_t_rows(isa, p.0, inp, w, t, k, n, r0, r1) }
-    };
-    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 {
-        run(0, n);
-    } else {
-        let per = 256;
-        (0..n.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(n)));
     }
 }
 

@@ -40,7 +40,7 @@ impl WeightType {
     }
 }
 
-/// Stored weights, for both matrix layouts ([`PackedMatrix`] panels, [`crate::RowMatrix`] rows).
+/// Stored weights.
 pub(crate) enum Storage {
     F32(Aligned<f32>),
     F16(Aligned<u16>),
@@ -141,58 +141,88 @@ impl PackedMatrix {
     /// Packs `w` (`[K, N]` row-major f32) into panels of type `ty`.
     pub fn pack(w: &[f32], k: usize, n: usize, ty: WeightType) -> PackedMatrix {
         assert!(w.len() >= k * n, "pack: {} values for a {k}x{n} matrix", w.len());
+        let mut m = PackedMatrix::zeros(k, n, ty);
+        let mut cols = vec![0.0f32; Q8_BLOCK * k];
+        for c0 in (0..n).step_by(Q8_BLOCK) {
+            let m_cols = Q8_BLOCK.min(n - c0);
+            for (jj, col) in cols.chunks_exact_mut(k.max(1)).take(m_cols).enumerate() {
+                for (i, x) in col.iter_mut().enumerate().take(k) {
+                    *x = w[i * n + c0 + jj];
+                }
+            }
+            m.set_cols(c0, &cols[..m_cols * k]);
+        }
+        m
+    }
+
+    /// An all-zero `[K, N]` matrix of type `ty`, to be filled with [`PackedMatrix::set_cols`].
+    pub fn zeros(k: usize, n: usize, ty: WeightType) -> PackedMatrix {
         let panels = n.div_ceil(NR);
-        let at = |p: usize, i: usize, j: usize| {
-            let c = p * NR + j;
-            if c < n {
-                w[i * n + c]
-            } else {
-                0.0
-            }
-        };
-        // Every weight in panel order: panel p, row i, column j.
-        let in_panel_order = || {
-            let mut v: Aligned<f32> = Aligned::zeroed(panels * k * NR);
-            for (idx, x) in v.iter_mut().enumerate() {
-                *x = at(idx / (k * NR), (idx / NR) % k, idx % NR);
-            }
-            v
-        };
+        let len = panels * k * NR;
         let data = match ty {
-            WeightType::F32 => Storage::F32(in_panel_order()),
-            WeightType::F16 | WeightType::Bf16 => {
-                let panel_order = in_panel_order();
-                let mut h: Aligned<u16> = Aligned::zeroed(panel_order.len());
-                let conv = if ty == WeightType::F16 { f32_to_f16_bits } else { f32_to_bf16_bits };
-                for (o, &x) in h.iter_mut().zip(panel_order.iter()) {
-                    *o = conv(x);
-                }
-                if ty == WeightType::F16 {
-                    Storage::F16(h)
-                } else {
-                    Storage::Bf16(h)
-                }
-            }
-            WeightType::Q8 => {
-                let blocks = n.div_ceil(Q8_BLOCK);
-                let mut scales = vec![0.0f32; blocks * k];
-                for b in 0..blocks {
-                    for i in 0..k {
-                        let cols = b * Q8_BLOCK..((b + 1) * Q8_BLOCK).min(n);
-                        let amax = cols.map(|c| w[i * n + c].abs()).fold(0.0f32, f32::max);
-                        scales[b * k + i] = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-                    }
-                }
-                let mut q: Aligned<i8> = Aligned::zeroed(panels * k * NR);
-                for (idx, v) in q.iter_mut().enumerate() {
-                    let (p, i, j) = (idx / (k * NR), (idx / NR) % k, idx % NR);
-                    let s = scales[(p * NR / Q8_BLOCK) * k + i];
-                    *v = (at(p, i, j) / s).round().clamp(-127.0, 127.0) as i8;
-                }
-                Storage::Q8 { q, scales }
-            }
+            WeightType::F32 => Storage::F32(Aligned::zeroed(len)),
+            WeightType::F16 => Storage::F16(Aligned::zeroed(len)),
+            WeightType::Bf16 => Storage::Bf16(Aligned::zeroed(len)),
+            WeightType::Q8 => Storage::Q8 { q: Aligned::zeroed(len), scales: vec![1.0; n.div_ceil(Q8_BLOCK) * k] },
         };
         PackedMatrix { k, n, panels, data }
+    }
+
+    /// Stores columns `c0..c0 + m` from `cols`, `m` columns of `K` values each (column `c0 + j` is
+    /// `cols[j*K..(j+1)*K]`, i.e. rows of `Wᵀ`): converted, or quantized with one scale per row
+    /// and block of [`Q8_BLOCK`] columns. `c0` starts a block and `m` fills it (or ends the matrix).
+    pub fn set_cols(&mut self, c0: usize, cols: &[f32]) {
+        let k = self.k;
+        let m = cols.len().checked_div(k).unwrap_or_else(|| Q8_BLOCK.min(self.n - c0));
+        assert!(
+            c0 % Q8_BLOCK == 0 && cols.len() == m * k && (m == Q8_BLOCK || c0 + m == self.n) && c0 + m <= self.n,
+            "set_cols: {} values at column {c0} of a {k}x{} matrix",
+            cols.len(),
+            self.n
+        );
+        // Element (i, c0 + j) lives at panel (c0 + j) / NR, row i, lane (c0 + j) % NR.
+        let at = |i: usize, j: usize| (((c0 + j) / NR) * k + i) * NR + (c0 + j) % NR;
+        match &mut self.data {
+            Storage::F32(d) => each(k, m, |i, j| d[at(i, j)] = cols[j * k + i]),
+            Storage::F16(d) => each(k, m, |i, j| d[at(i, j)] = f32_to_f16_bits(cols[j * k + i])),
+            Storage::Bf16(d) => each(k, m, |i, j| d[at(i, j)] = f32_to_bf16_bits(cols[j * k + i])),
+            Storage::Q8 { q, scales } => {
+                for i in 0..k {
+                    let amax = (0..m).map(|j| cols[j * k + i].abs()).fold(0.0f32, f32::max);
+                    let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                    scales[(c0 / Q8_BLOCK) * k + i] = s;
+                    for j in 0..m {
+                        q[at(i, j)] = (cols[j * k + i] / s).round().clamp(-127.0, 127.0) as i8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Element `(i, c)` widened to f32 (the value the kernels multiply with).
+    pub fn get(&self, i: usize, c: usize) -> f32 {
+        assert!(i < self.k && c < self.n, "get: ({i}, {c}) outside a {}x{} matrix", self.k, self.n);
+        let idx = ((c / NR) * self.k + i) * NR + c % NR;
+        match &self.data {
+            Storage::F32(d) => d[idx],
+            Storage::F16(d) => f16_bits_to_f32(d[idx]),
+            Storage::Bf16(d) => bf16_bits_to_f32(d[idx]),
+            Storage::Q8 { q, scales } => q[idx] as f32 * scales[(c / Q8_BLOCK) * self.k + i],
+        }
+    }
+
+    /// Column `c` (`K` values) widened into `out`: a token's embedding when the matrix is `wteᵀ`.
+    pub fn column_into(&self, c: usize, out: &mut [f32]) {
+        for (i, o) in out[..self.k].iter_mut().enumerate() {
+            *o = self.get(i, c);
+        }
+    }
+
+    /// Column `c` widened.
+    pub fn column(&self, c: usize) -> Vec<f32> {
+        let mut v = vec![0.0; self.k];
+        self.column_into(c, &mut v);
+        v
     }
 
     pub fn k(&self) -> usize {
@@ -231,6 +261,15 @@ impl PackedMatrix {
             }
         }
         w
+    }
+}
+
+/// Calls `f(i, j)` for every row `i < k` and column `j < m`, columns inner.
+fn each(k: usize, m: usize, mut f: impl FnMut(usize, usize)) {
+    for i in 0..k {
+        for j in 0..m {
+            f(i, j);
+        }
     }
 }
 

@@ -4,7 +4,6 @@
 
 use crate::math::{exp_approx, gelu_new_scalar};
 use crate::packed::{bf16_bits_to_f32, f16_bits_to_f32, PackedMatrix, Storage, NR, Q8_BLOCK};
-use crate::rows::RowMatrix;
 use crate::{Isa, Kind};
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
@@ -40,7 +39,6 @@ macro_rules! avx2_copies {
 
 avx2_copies! {
     fn matmul_cols_body(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize);
-    fn matmul_t_rows_body(out: *mut f32, inp: &[f32], w: &[f32], t: usize, k: usize, n: usize, r0: usize, r1: usize);
     fn sum_body(a: &[f32]) -> f32;
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
     fn gelu_body(x: &mut [f32]);
@@ -68,22 +66,6 @@ pub(crate) unsafe fn matmul_cols(
 }
 
 /// # Safety
-/// `out` must point to `t * n` writable floats, and no other thread may touch columns `r0..r1`.
-pub(crate) unsafe fn matmul_t_rows(
-    isa: Isa,
-    out: *mut f32,
-    inp: &[f32],
-    w: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    r0: usize,
-    r1: usize,
-) {
-    dispatch!(isa, matmul_t_rows_body(out, inp, w, t, k, n, r0, r1))
-}
-
-/// # Safety
 /// `out` must point to `t * w.n()` writable floats, and no other thread may touch the columns of
 /// panels `p0..p1`.
 pub(crate) unsafe fn packed_cols(
@@ -103,22 +85,6 @@ pub(crate) unsafe fn packed_cols(
         Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(out, inp, w, bias, t, p0, p1) },
         Kind::Scalar => packed_cols_body::<Portable>(out, inp, w, bias, t, p0, p1),
     }
-}
-
-/// # Safety
-/// `out` must point to `t * w.rows()` writable floats, and no other thread may touch columns
-/// `r0..r1`.
-pub(crate) unsafe fn dot_rows(isa: Isa, out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
-        Kind::Avx2Fma => unsafe { x86::dot_rows_avx2(out, inp, w, t, r0, r1) },
-        Kind::Scalar => dot_rows_body(out, inp, w, t, r0, r1),
-    }
-}
-
-pub(crate) fn widen_into(w: &RowMatrix, r: usize, out: &mut [f32]) {
-    widen_into_body(w, r, out)
 }
 
 pub(crate) fn sum(isa: Isa, a: &[f32]) -> f32 {
@@ -237,27 +203,6 @@ unsafe fn matmul_tile<const MR: usize, const NR: usize>(
         for j in 0..NR {
             // SAFETY (caller): row r0+r < t and column c+j < c1 <= n lie inside `out`.
             *out.add((r0 + r) * n + c + j) = accr[j] + bias[c + j];
-        }
-    }
-}
-
-/// Rows `r0..r1` of `w` against every row of `inp`: columns `r0..r1` of `out[T, N]`.
-#[inline(always)]
-unsafe fn matmul_t_rows_body(
-    out: *mut f32,
-    inp: &[f32],
-    w: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    r0: usize,
-    r1: usize,
-) {
-    for j in r0..r1 {
-        let wj = &w[j * k..(j + 1) * k];
-        for m in 0..t {
-            // SAFETY (caller): m < t and j < r1 <= n lie inside `out`.
-            *out.add(m * n + j) = dot_body(&inp[m * k..(m + 1) * k], wj);
         }
     }
 }
@@ -630,120 +575,12 @@ unsafe fn packed_tile<S: Source, const R: usize>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Row matrices (the tied vocabulary projection).
-
-/// Element `c` of a stored row, widened.
-trait RowSource {
-    fn get(&self, c: usize) -> f32;
-}
-
-struct RowF32<'a>(&'a [f32]);
-struct RowF16<'a>(&'a [u16]);
-struct RowBf16<'a>(&'a [u16]);
-struct RowQ8<'a>(&'a [i8], &'a [f32]);
-
-impl RowSource for RowF32<'_> {
-    #[inline(always)]
-    fn get(&self, c: usize) -> f32 {
-        self.0[c]
-    }
-}
-impl RowSource for RowF16<'_> {
-    #[inline(always)]
-    fn get(&self, c: usize) -> f32 {
-        f16_bits_to_f32(self.0[c])
-    }
-}
-impl RowSource for RowBf16<'_> {
-    #[inline(always)]
-    fn get(&self, c: usize) -> f32 {
-        bf16_bits_to_f32(self.0[c])
-    }
-}
-impl RowSource for RowQ8<'_> {
-    #[inline(always)]
-    fn get(&self, c: usize) -> f32 {
-        self.0[c] as f32 * self.1[c / Q8_BLOCK]
-    }
-}
-
-/// [`dot_body`] of `a` and a stored row (same lanes, same order).
-#[inline(always)]
-fn dot_src<S: RowSource>(a: &[f32], b: &S) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let full = a.len() / LANES * LANES;
-    let mut c = 0;
-    while c < full {
-        for l in 0..LANES {
-            acc[l] = a[c + l].mul_add(b.get(c + l), acc[l]);
-        }
-        c += LANES;
-    }
-    for l in 0..a.len() - full {
-        acc[l] = a[full + l].mul_add(b.get(full + l), acc[l]);
-    }
-    reduce_lanes(acc)
-}
-
-/// Calls `$f` with the row `$r` of `$w` as a [`RowSource`].
-macro_rules! with_row {
-    ($w:expr, $r:expr, |$s:ident| $body:expr) => {{
-        let k = $w.cols();
-        let r = $r;
-        match &$w.data {
-            Storage::F32(d) => {
-                let $s = RowF32(&d[r * k..(r + 1) * k]);
-                $body
-            }
-            Storage::F16(d) => {
-                let $s = RowF16(&d[r * k..(r + 1) * k]);
-                $body
-            }
-            Storage::Bf16(d) => {
-                let $s = RowBf16(&d[r * k..(r + 1) * k]);
-                $body
-            }
-            Storage::Q8 { q, scales } => {
-                let blocks = k.div_ceil(Q8_BLOCK);
-                let $s = RowQ8(&q[r * k..(r + 1) * k], &scales[r * blocks..(r + 1) * blocks]);
-                $body
-            }
-        }
-    }};
-}
-
-#[inline(always)]
-pub(crate) unsafe fn dot_rows_body(out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
-    let (n, k) = (w.rows(), w.cols());
-    for j in r0..r1 {
-        with_row!(w, j, |src| {
-            for m in 0..t {
-                // SAFETY (caller): m < t and j < r1 <= n lie inside `out`.
-                *out.add(m * n + j) = dot_src(&inp[m * k..(m + 1) * k], &src);
-            }
-        })
-    }
-}
-
-#[inline(always)]
-fn widen_into_body(w: &RowMatrix, r: usize, out: &mut [f32]) {
-    with_row!(w, r, |src| {
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = src.get(c);
-        }
-    })
-}
-
-// ---------------------------------------------------------------------------------------------
 // x86-64 AVX2 + FMA (+ F16C) spelling of the packed tile: the same FMA chains as `packed_tile`,
 // with the accumulators pinned in registers.
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{
-        dot_rows_body, packed_cols_body, scores_body, weighted_sum_body, PackedMatrix, RowMatrix, Source, Storage,
-        TileKernel, NR, Q8_BLOCK,
-    };
+    use super::{packed_cols_body, scores_body, weighted_sum_body, PackedMatrix, Source, TileKernel, NR};
     use std::arch::x86_64::*;
 
     pub(crate) type V = __m256;
@@ -799,34 +636,6 @@ pub(crate) mod x86 {
         let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
         let sc = _mm256_set1_ps(scale);
         (_mm256_mul_ps(lo, sc), _mm256_mul_ps(hi, sc))
-    }
-
-    /// The vocabulary projection: four weight rows at a time (four independent FMA chains per
-    /// input row), each reduced exactly as `dot_body` does: two 8-lane halves, then the fixed
-    /// pairwise sum of the 16 lanes.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; as for [`super::dot_rows`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn dot_rows_avx2(out: *mut f32, inp: &[f32], w: &RowMatrix, t: usize, r0: usize, r1: usize) {
-        let (n, k) = (w.rows(), w.cols());
-        if k % NR != 0 {
-            return dot_rows_body(out, inp, w, t, r0, r1);
-        }
-        // `rows` = (start, bytes per element) of the stored rows, for software prefetch of the
-        // next group (four rows are four short streams that the hardware prefetcher keeps losing).
-        match &w.data {
-            Storage::F32(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f32(d, j * k + c), (d.as_ptr().cast(), 4)),
-            Storage::F16(d) => rows4(out, inp, n, k, t, r0, r1, |j, c| load_f16(d, j * k + c), (d.as_ptr().cast(), 2)),
-            Storage::Bf16(d) => {
-                rows4(out, inp, n, k, t, r0, r1, |j, c| load_bf16(d, j * k + c), (d.as_ptr().cast(), 2))
-            }
-            Storage::Q8 { q, scales } => {
-                let blocks = k.div_ceil(Q8_BLOCK);
-                let load = |j: usize, c: usize| load_q8(q, j * k + c, scales[j * blocks + c / Q8_BLOCK]);
-                rows4(out, inp, n, k, t, r0, r1, load, (q.as_ptr(), 1))
-            }
-        }
     }
 
     /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
@@ -895,70 +704,6 @@ pub(crate) mod x86 {
         let b = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
         let c = [b[0] + b[2], b[1] + b[3]];
         c[0] + c[1]
-    }
-
-    #[inline(always)]
-    unsafe fn rows4<L: Fn(usize, usize) -> (V, V)>(
-        out: *mut f32,
-        inp: &[f32],
-        n: usize,
-        k: usize,
-        t: usize,
-        r0: usize,
-        r1: usize,
-        load: L,
-        (rows, elem): (*const i8, usize),
-    ) {
-        let mut j = r0;
-        while j + 4 <= r1 {
-            // Prefetch the next group's rows (prefetching past the end is harmless: a hint).
-            for q in 4..8 {
-                let mut c = 0;
-                while c < k {
-                    _mm_prefetch::<_MM_HINT_T0>(rows.wrapping_add(((j + q) * k + c) * elem));
-                    c += 32;
-                }
-            }
-            rows_group::<L, 4>(out, inp, n, k, t, j, &load);
-            j += 4;
-        }
-        while j < r1 {
-            rows_group::<L, 1>(out, inp, n, k, t, j, &load);
-            j += 1;
-        }
-    }
-
-    /// Weight rows `j..j+G` against every input row.
-    #[inline(always)]
-    unsafe fn rows_group<L: Fn(usize, usize) -> (V, V), const G: usize>(
-        out: *mut f32,
-        inp: &[f32],
-        n: usize,
-        k: usize,
-        t: usize,
-        j: usize,
-        load: &L,
-    ) {
-        for m in 0..t {
-            let x = inp[m * k..(m + 1) * k].as_ptr();
-            let mut acc = [[_mm256_setzero_ps(); 2]; G];
-            let mut c = 0;
-            while c < k {
-                // SAFETY: c + 16 <= k (k is a multiple of 16) inside input row m.
-                let a0 = _mm256_loadu_ps(x.add(c));
-                let a1 = _mm256_loadu_ps(x.add(c + 8));
-                for (q, accq) in acc.iter_mut().enumerate() {
-                    let (b0, b1) = load(j + q, c);
-                    accq[0] = _mm256_fmadd_ps(a0, b0, accq[0]);
-                    accq[1] = _mm256_fmadd_ps(a1, b1, accq[1]);
-                }
-                c += NR;
-            }
-            for (q, accq) in acc.iter().enumerate() {
-                // SAFETY (caller): m < t and j+q < n lie inside `out`.
-                *out.add(m * n + j + q) = reduce16(accq[0], accq[1]);
-            }
-        }
     }
 
     pub(crate) struct Avx2;

@@ -87,50 +87,19 @@ fn matmul_gpt2_shapes() {
 }
 
 #[test]
-fn matmul_t_every_path() {
-    let shapes = AWKWARD.iter().flat_map(|&k| AWKWARD.iter().map(move |&n| (k, n)));
-    for (k, n) in shapes.chain([(768, 50257)]) {
-        for &t in &[1usize, 2, 5] {
-            let mut g = Gen(3);
-            let inp = g.vec(t * k);
-            let w = g.vec(n * k);
-            let mut want = vec![0.0f64; t * n];
-            for r in 0..t {
-                for c in 0..n {
-                    want[r * n + c] = (0..k).map(|i| inp[r * k + i] as f64 * w[c * k + i] as f64).sum();
-                }
-            }
-            let mut reference = vec![0.0; t * n];
-            matmul_t(Isa::scalar(), &mut reference, &inp, &w, t, k, n);
-            for isa in Isa::available() {
-                let mut out = vec![f32::NAN; t * n];
-                matmul_t(isa, &mut out, &inp, &w, t, k, n);
-                assert_eq!(bits(&out), bits(&reference), "{} t={t} k={k} n={n}", isa.name());
-                close(&out, &want, 1e-5 * (k as f64).sqrt().max(1.0), "matmul_t");
-            }
-        }
-    }
-}
-
-#[test]
 fn a_row_is_the_same_alone_or_with_others_and_on_any_thread_count() {
     let (t, k, n) = (9, 257, 300);
     let mut g = Gen(5);
     let inp = g.vec(t * k);
     let w = g.vec(k * n);
-    let wt = g.vec(n * k);
     let bias = g.vec(n);
     let isa = Isa::detect();
     let mut all = vec![0.0; t * n];
     matmul(isa, &mut all, &inp, &w, &bias, t, k, n);
-    let mut all_t = vec![0.0; t * n];
-    matmul_t(isa, &mut all_t, &inp, &wt, t, k, n);
     for r in 0..t {
         let mut one = vec![0.0; n];
         matmul(isa, &mut one, &inp[r * k..(r + 1) * k], &w, &bias, 1, k, n);
         assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "matmul row {r}");
-        matmul_t(isa, &mut one, &inp[r * k..(r + 1) * k], &wt, 1, k, n);
-        assert_eq!(bits(&one), bits(&all_t[r * n..(r + 1) * n]), "matmul_t row {r}");
     }
     for threads in [1, 2, 3] {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -336,23 +305,37 @@ fn packed_matmul_rows_and_threads_do_not_change_bits() {
 }
 
 #[test]
-fn row_matrix_projection_every_type_and_path_equals_matmul_t_on_the_widened_rows() {
-    for &(t, k, n) in
-        &[(1usize, 1usize, 1usize), (2, 7, 17), (5, 63, 63), (3, 257, 100), (1, 768, 50257), (4, 64, 50257)]
-    {
+fn vocabulary_projection_and_embedding_columns_every_type_and_path() {
+    // wteᵀ [C, V] in panels: the projection against the reference on the widened matrix, a
+    // column (a token's embedding) equal to the widened column, and a matrix streamed in column
+    // blocks (as the loader does) equal to one packed at once.
+    for &(t, k, n) in &[(1usize, 768usize, 50257usize), (3, 64, 50257), (2, 0, 40), (0, 7, 17)] {
         let mut g = Gen((t + k * 3 + n) as u64);
-        let (inp, w) = (g.vec(t * k), g.vec(n * k));
+        let (inp, w) = (g.vec(t * k), g.vec(k * n));
+        let zero = vec![0.0; n];
         for ty in [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8] {
-            let rows = RowMatrix::new(w.clone(), n, k, ty);
-            let widened = rows.unpack();
-            assert_eq!(rows.row(n - 1), widened[(n - 1) * k..].to_vec());
+            let packed = PackedMatrix::pack(&w, k, n, ty);
+            let widened = packed.unpack();
             let mut want = vec![0.0; t * n];
-            matmul_t(Isa::scalar(), &mut want, &inp, &widened, t, k, n);
+            matmul(Isa::scalar(), &mut want, &inp, &widened, &zero, t, k, n);
             for isa in Isa::available() {
                 let mut out = vec![f32::NAN; t * n];
-                matmul_t_rows(isa, &mut out, &inp, &rows, t);
+                matmul_packed(isa, &mut out, &inp, &packed, &zero, t);
                 assert_eq!(bits(&out), bits(&want), "{ty:?} {} t={t} k={k} n={n}", isa.name());
             }
+            for c in [0, n / 2, n - 1] {
+                let col: Vec<f32> = (0..k).map(|i| widened[i * n + c]).collect();
+                assert_eq!(bits(&packed.column(c)), bits(&col), "{ty:?} column {c}");
+            }
+            let mut streamed = PackedMatrix::zeros(k, n, ty);
+            for c0 in (0..n).step_by(Q8_BLOCK) {
+                let cols: Vec<f32> = (c0..(c0 + Q8_BLOCK).min(n))
+                    .flat_map(|c| (0..k).map(move |i| (i, c)))
+                    .map(|(i, c)| w[i * n + c])
+                    .collect();
+                streamed.set_cols(c0, &cols);
+            }
+            assert_eq!(bits(&streamed.unpack()), bits(&widened), "{ty:?} streamed k={k} n={n}");
         }
     }
 }

@@ -239,7 +239,7 @@ fn embeddings(c: &Common, dims: usize) -> Result<()> {
     let tr = trace(m, &s.ids, &spec)?;
     let (_, sum) = tr.rows(Point::Embed).context("the forward pass reported no embeddings")?;
     let t = s.ids.len();
-    let wte_rows: Vec<f32> = s.ids.iter().flat_map(|&id| m.wte.row(id as usize)).collect();
+    let wte_rows: Vec<f32> = s.ids.iter().flat_map(|&id| m.wte.column(id as usize)).collect();
     let wpe_rows: Vec<f32> = m.wpe[..t * ch].to_vec();
     let d = dims.min(ch);
     let rows: Vec<Value> = (0..t)
@@ -601,7 +601,7 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
     println!("   For the last token (position {last}):");
     let (wte_name, wpe_name) = (format!("wte[{id}]"), format!("wpe[{last}]"));
     let w = wte_name.len().max(wpe_name.len());
-    println!("     {wte_name:<w$} = {}", first(&m.wte.row(id), 6));
+    println!("     {wte_name:<w$} = {}", first(&m.wte.column(id), 6));
     println!("     {wpe_name:<w$} = {}", first(&m.wpe[last * c..][..c], 6));
     println!("     {:<w$} = {}\n", "x", first(&embed[last * c..][..c], 6));
 
