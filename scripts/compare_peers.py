@@ -20,8 +20,10 @@ kvgpt runs as `kvgpt bench -p 4,P... -n N -r 1 -t T -o json --no-uncached --prob
 the prefill rows and the decode contexts); llama.cpp as `llama-bench -o json`, prefill and decode
 (at depths -d 0,P... where supported) in two calls.
 
-The ORT model is built directly from model.safetensors with onnx.helper (GPT-2 block by block,
-past/present K/V as graph inputs/outputs), so ORT needs no torch; it is cached in VENV-onnx/.
+The ORT model is transformers' GPT-2 exported with torch.onnx.export (past/present K/V as flat graph
+inputs/outputs) and run through ONNX Runtime's transformer optimizer (model_type gpt2). Without torch
+(--skip-torch, or when the export fails) it is built directly from model.safetensors with onnx.helper,
+block by block, without ORT's fusions. The model is cached in VENV-onnx/; the table says which one ran.
 Tests: prefill P for each -p; decode N after a 4-token prompt and after each -p. Engines or tests
 that cannot run are listed under "not run" with the reason; the script never needs more than kvgpt.
 """
@@ -42,7 +44,7 @@ ENGINES = {"kvgpt": "kvgpt", "hf": "HF", "ort": "ORT", "llama": "llama.cpp"}
 PEERS = ("hf", "ort", "llama")
 BASE_PKGS = ["numpy", "safetensors", "onnx", "onnxruntime"]
 TORCH_PKGS = ["torch", "transformers"]
-ONNX_GRAPH_VERSION = 1  # bump when build_onnx changes, to invalidate the cache
+ONNX_GRAPH_VERSION = 2  # bump when build_onnx changes, to invalidate the cache
 
 
 # ---------------------------------------------------------------- tests and results
@@ -159,7 +161,7 @@ def ensure_venv(a, not_run):
 def onnx_path(a):
     model = Path(a.model).resolve()
     st = (model / "model.safetensors").stat()
-    ident = f"{model}|{st.st_size}|{st.st_mtime_ns}|{(model / 'config.json').read_text()}|{ONNX_GRAPH_VERSION}"
+    ident = f"{model}|{st.st_size}|{st.st_mtime_ns}|{(model / 'config.json').read_text()}|{ONNX_GRAPH_VERSION}|torch={not a.skip_torch}"
     key = hashlib.sha1(ident.encode()).hexdigest()[:16]
     return Path(f"{a.venv}-onnx") / key / "model.onnx"
 
@@ -245,18 +247,21 @@ class OrtEngine:
         self.empty = [np.zeros((1, H, 0, cfg["n_embd"] // H), np.float32)] * (2 * L)
         self.past_names = [f"past_{kv}_{i}" for i in range(L) for kv in "kv"]
         self.outputs = ["logits"] + [f"present_{kv}_{i}" for i in range(L) for kv in "kv"]
-        self.versions = {"onnxruntime": ort.__version__}
+        self.takes_bias = any(i.name == "attn_bias" for i in self.sess.get_inputs())
+        graph = (Path(path).parent / "source.txt").read_text().strip()
+        self.versions = {"onnxruntime": ort.__version__, "onnx graph": graph}
 
     def encode(self, ids):
         return self.np.array([ids], dtype=self.np.int64)
 
     def _run(self, ids, past):
         np, p, t = self.np, past[0].shape[2], ids.shape[1]
-        bias = np.triu(np.full((t, p + t), -np.inf, np.float32), k=p + 1)
-        feed = {"input_ids": ids, "position_ids": np.arange(p, p + t, dtype=np.int64)[None], "attn_bias": bias}
+        feed = {"input_ids": ids, "position_ids": np.arange(p, p + t, dtype=np.int64)[None]}
+        if self.takes_bias:  # the onnx.helper graph takes its causal mask as an input
+            feed["attn_bias"] = np.triu(np.full((t, p + t), -np.inf, np.float32), k=p + 1)
         feed.update(zip(self.past_names, past))
         logits, *present = self.sess.run(self.outputs, feed)
-        return present, logits.argmax(-1).reshape(1, 1)
+        return present, logits.reshape(1, -1).argmax(-1).reshape(1, 1)
 
     def prefill(self, ids):
         self._run(ids, self.empty)
@@ -335,10 +340,68 @@ def build_onnx(model_dir, out):
     graph = oh.make_graph(nodes, "gpt2", inputs, outputs, list(inits.values()))
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)], producer_name="kvgpt compare_peers")
     model.ir_version = 8
+    onnx.save_model(model, str(out), save_as_external_data=True, location=out.name + ".data")
+
+
+def export_torch_onnx(model_dir, out):
+    """transformers' GPT2LMHeadModel through torch.onnx.export (TorchScript exporter), K/V cache as
+    flat inputs/outputs, then ONNX Runtime's transformer optimizer (model_type gpt2) for its fusions."""
+    import torch
+    from onnxruntime.transformers import optimizer
+    from transformers import DynamicCache, GPT2LMHeadModel
+    model = GPT2LMHeadModel.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    L, H = model.config.n_layer, model.config.n_head
+    hd = model.config.n_embd // H
+
+    class WithFlatCache(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, position_ids, *past):
+            cache = DynamicCache()
+            for i in range(L):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            o = self.m(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=True,
+                       logits_to_keep=1)
+            kv = o.past_key_values
+            return (o.logits, *[t for i in range(L) for t in (kv.layers[i].keys, kv.layers[i].values)])
+
+    past_names = [f"past_{c}_{i}" for i in range(L) for c in "kv"]
+    present_names = [f"present_{c}_{i}" for i in range(L) for c in "kv"]
+    dynamic = {"input_ids": {1: "T"}, "position_ids": {1: "T"}}
+    dynamic.update({n: {2: "P"} for n in past_names})
+    dynamic.update({n: {2: "PT"} for n in present_names})
+    example = (torch.tensor([[1, 2, 3]]), torch.tensor([[2, 3, 4]]), *[torch.zeros(1, H, 2, hd)] * (2 * L))
+    raw = out.with_name("raw.onnx")
+    torch.onnx.export(WithFlatCache(model), example, str(raw), input_names=["input_ids", "position_ids", *past_names],
+                      output_names=["logits", *present_names], dynamic_axes=dynamic, opset_version=17, dynamo=False)
+    opt = optimizer.optimize_model(str(raw), model_type="gpt2", num_heads=H, hidden_size=model.config.n_embd,
+                                   opt_level=0)
+    opt.save_model_to_file(str(out), use_external_data_format=True)
+    raw.unlink()
+    fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    return f"torch {torch.__version__} torch.onnx.export + ORT transformer optimizer (fused: {fused})"
+
+
+def export_onnx(model_dir, out, use_torch):
+    """The ORT model: a torch.onnx export when torch is installed, else the onnx.helper graph.
+    Written to a temporary folder, then moved into place; source.txt says which it is."""
     tmp = out.parent.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    onnx.save_model(model, str(tmp / out.name), save_as_external_data=True, location=out.name + ".data")
+    source = None
+    if use_torch:
+        try:
+            source = export_torch_onnx(model_dir, tmp / out.name)
+        except Exception as e:  # fall back to the hand-built graph, and say so
+            log(f"torch.onnx export failed ({type(e).__name__}: {e}); using the onnx.helper graph")
+            for f in tmp.iterdir():
+                f.unlink()
+    if source is None:
+        build_onnx(model_dir, tmp / out.name)
+        source = "onnx.helper graph built from model.safetensors (no torch: ORT's transformer fusions not applied)"
+    (tmp / "source.txt").write_text(source + "\n")
     shutil.rmtree(out.parent, ignore_errors=True)
     tmp.rename(out.parent)
 
@@ -346,7 +409,7 @@ def build_onnx(model_dir, out):
 def worker_main(a):
     cfg = json.loads((Path(a.model) / "config.json").read_text())
     if a.worker == "export-onnx":
-        build_onnx(a.model, Path(a.onnx))
+        export_onnx(a.model, Path(a.onnx), use_torch=not a.skip_torch)
         print(json.dumps({"ok": True}))
         return 0
     eng = HfEngine(a.model, a.threads) if a.worker == "hf" else OrtEngine(a.onnx, a.threads, cfg)
@@ -390,6 +453,8 @@ def report(a, samples, not_run, notes, versions):
         notes = notes + ["llama.cpp decode runs from an empty cache at depth 0; it is shown on the 'after 4' row"]
     for note in notes:
         print(f"- note: {note}")
+    for name, version in versions.items():
+        print(f"- {name}: {version}")
     if not_run:
         print("\nNot run:")
         for e, why in not_run.items():
@@ -456,7 +521,7 @@ def main():
             a.onnx_file = onnx_path(a)
             if not a.onnx_file.exists():
                 log(f"building ONNX model {a.onnx_file}")
-                run_worker(a, "export-onnx", ["--onnx", str(a.onnx_file)])
+                run_worker(a, "export-onnx", ["--onnx", str(a.onnx_file), *(["--skip-torch"] if a.skip_torch else [])])
         except Exception as e:
             not_run["ort"] = f"ONNX export failed: {type(e).__name__}: {e}"
     if a.setup_only:
