@@ -101,11 +101,10 @@ impl Scratch {
 
 impl Conv1D {
     fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
-        let w = ck.tensor(&format!("{name}.weight"), &[n_in, n_out])?;
-        Ok(Conv1D {
-            weight: PackedMatrix::pack(&w, n_in, n_out, dtype),
-            bias: ck.tensor(&format!("{name}.bias"), &[n_out])?,
-        })
+        // Streamed row by row into the panels: the f32 matrix never exists whole.
+        let mut weight = PackedMatrix::zeros(n_in, n_out, dtype);
+        ck.tensor_rows(&format!("{name}.weight"), &[n_in, n_out], |i, row| weight.set_row(i, row))?;
+        Ok(Conv1D { weight, bias: ck.tensor(&format!("{name}.bias"), &[n_out])? })
     }
 
     /// `out[T, n_out] = inp[T, n_in] @ weight + bias`.
@@ -148,33 +147,42 @@ impl Model {
         let ck = Checkpoint::open(weights_path)?;
         ck.check_names(&config)?;
         let (c, f) = (config.n_embd, config.n_inner);
-        // wte is the largest tensor: streamed in blocks of Q8_BLOCK rows (columns of wteᵀ), each
-        // converted into its dtype, so it never sits in memory as f32 whole.
         let v = config.vocab_size;
-        let mut wte = PackedMatrix::zeros(c, v, dtype);
-        let mut block = Vec::with_capacity(Q8_BLOCK * c);
-        let stored = ck.tensor_rows("wte.weight", &[v, c], |r, row| {
-            block.extend_from_slice(row);
-            if block.len() == Q8_BLOCK * c || r + 1 == v {
-                wte.set_cols(r + 1 - block.len() / c, &block);
-                block.clear();
-            }
-        })?;
+        // wte (the largest tensor) on one worker while the blocks load on the others.
+        let (wte, h) = rayon::join(
+            || -> Result<_> {
+                // Streamed in blocks of Q8_BLOCK rows (columns of wteᵀ), each converted into its
+                // dtype, so it never sits in memory as f32 whole.
+                let mut wte = PackedMatrix::zeros(c, v, dtype);
+                let mut block = Vec::with_capacity(Q8_BLOCK * c);
+                let stored = ck.tensor_rows("wte.weight", &[v, c], |r, row| {
+                    block.extend_from_slice(row);
+                    if block.len() == Q8_BLOCK * c || r + 1 == v {
+                        wte.set_cols(r + 1 - block.len() / c, &block);
+                        block.clear();
+                    }
+                })?;
+                Ok((wte, stored))
+            },
+            || {
+                (0..config.n_layer)
+                    .into_par_iter()
+                    .map(|i| {
+                        let p = format!("h.{i}");
+                        Ok(Block {
+                            ln_1: LayerNorm::load(&ck, &format!("{p}.ln_1"), c)?,
+                            c_attn: Conv1D::load(&ck, &format!("{p}.attn.c_attn"), c, 3 * c, dtype)?,
+                            attn_c_proj: Conv1D::load(&ck, &format!("{p}.attn.c_proj"), c, c, dtype)?,
+                            ln_2: LayerNorm::load(&ck, &format!("{p}.ln_2"), c)?,
+                            c_fc: Conv1D::load(&ck, &format!("{p}.mlp.c_fc"), c, f, dtype)?,
+                            mlp_c_proj: Conv1D::load(&ck, &format!("{p}.mlp.c_proj"), f, c, dtype)?,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            },
+        );
+        let ((wte, stored), h) = (wte?, h?);
         let stored_dtype = format!("{stored:?}").to_lowercase();
-        let h = (0..config.n_layer)
-            .into_par_iter()
-            .map(|i| {
-                let p = format!("h.{i}");
-                Ok(Block {
-                    ln_1: LayerNorm::load(&ck, &format!("{p}.ln_1"), c)?,
-                    c_attn: Conv1D::load(&ck, &format!("{p}.attn.c_attn"), c, 3 * c, dtype)?,
-                    attn_c_proj: Conv1D::load(&ck, &format!("{p}.attn.c_proj"), c, c, dtype)?,
-                    ln_2: LayerNorm::load(&ck, &format!("{p}.ln_2"), c)?,
-                    c_fc: Conv1D::load(&ck, &format!("{p}.mlp.c_fc"), c, f, dtype)?,
-                    mlp_c_proj: Conv1D::load(&ck, &format!("{p}.mlp.c_proj"), f, c, dtype)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         Ok(Model {
             wte,
             no_bias: vec![0.0; v],

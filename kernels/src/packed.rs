@@ -142,15 +142,8 @@ impl PackedMatrix {
     pub fn pack(w: &[f32], k: usize, n: usize, ty: WeightType) -> PackedMatrix {
         assert!(w.len() >= k * n, "pack: {} values for a {k}x{n} matrix", w.len());
         let mut m = PackedMatrix::zeros(k, n, ty);
-        let mut cols = vec![0.0f32; Q8_BLOCK * k];
-        for c0 in (0..n).step_by(Q8_BLOCK) {
-            let m_cols = Q8_BLOCK.min(n - c0);
-            for (jj, col) in cols.chunks_exact_mut(k.max(1)).take(m_cols).enumerate() {
-                for (i, x) in col.iter_mut().enumerate().take(k) {
-                    *x = w[i * n + c0 + jj];
-                }
-            }
-            m.set_cols(c0, &cols[..m_cols * k]);
+        for i in 0..k {
+            m.set_row(i, &w[i * n..(i + 1) * n]);
         }
         m
     }
@@ -168,9 +161,24 @@ impl PackedMatrix {
         PackedMatrix { k, n, panels, data }
     }
 
+    /// Stores row `i` (`N` values): converted, or quantized with one scale per block of
+    /// [`Q8_BLOCK`] columns. Rows can arrive one at a time, as a checkpoint is streamed.
+    pub fn set_row(&mut self, i: usize, row: &[f32]) {
+        assert!(
+            i < self.k && row.len() == self.n,
+            "set_row: {} values for row {i} of a {}x{} matrix",
+            row.len(),
+            self.k,
+            self.n
+        );
+        for c0 in (0..self.n).step_by(Q8_BLOCK) {
+            self.store(i, c0, Q8_BLOCK.min(self.n - c0), |j| row[c0 + j]);
+        }
+    }
+
     /// Stores columns `c0..c0 + m` from `cols`, `m` columns of `K` values each (column `c0 + j` is
-    /// `cols[j*K..(j+1)*K]`, i.e. rows of `Wᵀ`): converted, or quantized with one scale per row
-    /// and block of [`Q8_BLOCK`] columns. `c0` starts a block and `m` fills it (or ends the matrix).
+    /// `cols[j*K..(j+1)*K]`, i.e. rows of `Wᵀ`), as [`PackedMatrix::set_row`] would. `c0` starts
+    /// a [`Q8_BLOCK`] and `m` fills it (or ends the matrix).
     pub fn set_cols(&mut self, c0: usize, cols: &[f32]) {
         let k = self.k;
         let m = cols.len().checked_div(k).unwrap_or_else(|| Q8_BLOCK.min(self.n - c0));
@@ -180,21 +188,28 @@ impl PackedMatrix {
             cols.len(),
             self.n
         );
-        // Element (i, c0 + j) lives at panel (c0 + j) / NR, row i, lane (c0 + j) % NR.
-        let at = |i: usize, j: usize| (((c0 + j) / NR) * k + i) * NR + (c0 + j) % NR;
+        for i in 0..k {
+            self.store(i, c0, m, |j| cols[j * k + i]);
+        }
+    }
+
+    /// Stores elements `(i, c0 + j)` = `w(j)` for `j < m` (one [`Q8_BLOCK`], or the matrix's
+    /// last): converted to the storage type, or quantized symmetric with the block's max-abs
+    /// scale, rounding half to even.
+    #[inline(always)]
+    fn store(&mut self, i: usize, c0: usize, m: usize, w: impl Fn(usize) -> f32) {
+        let k = self.k;
+        // Element (i, c0 + j) lives in panel (c0 + j) / NR, row i, lane (c0 + j) % NR.
+        let at = |j: usize| ((c0 / NR + j / NR) * k + i) * NR + j % NR;
         match &mut self.data {
-            Storage::F32(d) => each(k, m, |i, j| d[at(i, j)] = cols[j * k + i]),
-            Storage::F16(d) => each(k, m, |i, j| d[at(i, j)] = f32_to_f16_bits(cols[j * k + i])),
-            Storage::Bf16(d) => each(k, m, |i, j| d[at(i, j)] = f32_to_bf16_bits(cols[j * k + i])),
+            Storage::F32(d) => (0..m).for_each(|j| d[at(j)] = w(j)),
+            Storage::F16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_f16_bits(w(j))),
+            Storage::Bf16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_bf16_bits(w(j))),
             Storage::Q8 { q, scales } => {
-                for i in 0..k {
-                    let amax = (0..m).map(|j| cols[j * k + i].abs()).fold(0.0f32, f32::max);
-                    let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-                    scales[(c0 / Q8_BLOCK) * k + i] = s;
-                    for j in 0..m {
-                        q[at(i, j)] = (cols[j * k + i] / s).round().clamp(-127.0, 127.0) as i8;
-                    }
-                }
+                let amax = (0..m).map(|j| w(j).abs()).fold(0.0f32, f32::max);
+                let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
+                scales[(c0 / Q8_BLOCK) * k + i] = s;
+                (0..m).for_each(|j| q[at(j)] = round_even(w(j) / s).clamp(-127.0, 127.0) as i8);
             }
         }
     }
@@ -264,13 +279,13 @@ impl PackedMatrix {
     }
 }
 
-/// Calls `f(i, j)` for every row `i < k` and column `j < m`, columns inner.
-fn each(k: usize, m: usize, mut f: impl FnMut(usize, usize)) {
-    for i in 0..k {
-        for j in 0..m {
-            f(i, j);
-        }
-    }
+/// `x` rounded to the nearest integer, halves to even, for |x| < 2^22 (quantized values are within
+/// ±127.5): adding and removing 1.5·2^23 leaves no fraction bits. Plain adds, so it vectorizes
+/// without SSE4.1's `roundps` (`f32::round` is a libm call on baseline x86-64).
+#[inline(always)]
+fn round_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    (x + MAGIC) - MAGIC
 }
 
 /// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`; the same bits as [`crate::matmul`] on
