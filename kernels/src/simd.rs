@@ -651,25 +651,35 @@ pub(crate) mod x86 {
         }
         let (qp, kp) = (q.as_ptr(), kh.as_ptr());
         let mut j = 0;
-        while j < n {
-            let g = (n - j).min(4);
-            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-            let mut c = 0;
-            while c < hs {
-                // SAFETY: c + 16 <= hs <= q.len(), and key j+x < n has hs floats at (j+x)*hs.
-                let (a0, a1) = (_mm256_loadu_ps(qp.add(c)), _mm256_loadu_ps(qp.add(c + 8)));
-                for (x, accx) in acc.iter_mut().enumerate().take(g) {
-                    let kr = kp.add((j + x) * hs + c);
-                    accx[0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(kr), accx[0]);
-                    accx[1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(kr.add(8)), accx[1]);
-                }
-                c += NR;
-            }
-            for (x, accx) in acc.iter().enumerate().take(g) {
-                scores[j + x] = reduce16(accx[0], accx[1]) * scale;
-            }
-            j += g;
+        while j + 4 <= n {
+            // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
+            let r = _mm_mul_ps(reduce16x4(&dot_keys::<4>(qp, kp.add(j * hs), hs)), _mm_set1_ps(scale));
+            _mm_storeu_ps(scores.as_mut_ptr().add(j), r);
+            j += 4;
         }
+        for (x, s) in scores.iter_mut().enumerate().skip(j) {
+            // SAFETY: key x < n lies inside kh.
+            let [acc] = dot_keys::<1>(qp, kp.add(x * hs), hs);
+            *s = reduce16(acc[0], acc[1]) * scale;
+        }
+    }
+
+    /// The 16-lane partial sums of `q · k` for `G` consecutive keys of `hs` floats at `k`.
+    #[inline(always)]
+    unsafe fn dot_keys<const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        let mut c = 0;
+        while c < hs {
+            // SAFETY (caller): c + 16 <= hs floats of q, and of each of the G keys.
+            let (a0, a1) = (_mm256_loadu_ps(q.add(c)), _mm256_loadu_ps(q.add(c + 8)));
+            for (x, accx) in acc.iter_mut().enumerate() {
+                let kr = k.add(x * hs + c);
+                accx[0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(kr), accx[0]);
+                accx[1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(kr.add(8)), accx[1]);
+            }
+            c += NR;
+        }
+        acc
     }
 
     /// `out = Σ_j probs[j] · v_j` over one head with the head's 64 outputs (or any multiple of 8
@@ -697,6 +707,21 @@ pub(crate) mod x86 {
     }
 
     /// Sums the 16 lanes of (lo, hi) in `reduce_lanes` order.
+    /// [`reduce16`] of four (lo, hi) pairs at once, the same additions done in vectors:
+    /// `[r0, r1, r2, r3]`.
+    #[inline(always)]
+    unsafe fn reduce16x4(acc: &[[V; 2]; 4]) -> __m128 {
+        let a: [V; 4] = std::array::from_fn(|x| _mm256_add_ps(acc[x][0], acc[x][1])); // a[l] = acc[l] + acc[l+8]
+                                                                                      // b[l] = a[l] + a[l+4], l < 4: low 128 bits plus high, two keys per vector.
+        let half = |x: V, y: V| _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+        let (b01, b23) = (half(a[0], a[1]), half(a[2], a[3])); // [b0 | b1], [b2 | b3]
+                                                               // c[l] = b[l] + b[l+2], l < 2: low lanes [c0 c0 c2 c2], high lanes [c1 c1 c3 c3].
+        let c = _mm256_add_ps(_mm256_shuffle_ps(b01, b23, 0x44), _mm256_shuffle_ps(b01, b23, 0xEE));
+        // r = c[0] + c[1]: low lanes [r0 r2 r0 r2], high lanes [r1 r3 r1 r3].
+        let r = _mm256_add_ps(_mm256_shuffle_ps(c, c, 0x88), _mm256_shuffle_ps(c, c, 0xDD));
+        _mm_unpacklo_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1))
+    }
+
     #[inline(always)]
     unsafe fn reduce16(lo: V, hi: V) -> f32 {
         let mut a = [0.0f32; 8];
