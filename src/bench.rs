@@ -5,9 +5,8 @@
 
 use crate::error::Result;
 use crate::kv_cache::KvCache;
-use crate::model::{Model, Scratch};
+use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::argmax;
-use crate::tap::NoTap;
 use std::time::{Duration, Instant};
 
 /// What to measure.
@@ -88,7 +87,7 @@ struct Runner<'a> {
 impl Runner<'_> {
     fn timed_forward(&mut self, ids_from: usize) -> Result<Duration> {
         let start = Instant::now();
-        self.model.forward(&self.seq[ids_from..], &mut self.cache, &mut self.scratch, &mut NoTap, &mut self.logits)?;
+        self.model.run(&self.seq[ids_from..], &mut self.cache, &mut self.scratch, &mut self.logits)?;
         Ok(start.elapsed())
     }
 
@@ -105,7 +104,7 @@ impl Runner<'_> {
             Test::Decode { prompt, gen, cached } => {
                 self.seq = prompt_ids(prompt, v);
                 self.cache.reset();
-                self.model.forward(&self.seq, &mut self.cache, &mut self.scratch, &mut NoTap, &mut self.logits)?;
+                self.model.run(&self.seq, &mut self.cache, &mut self.scratch, &mut self.logits)?;
                 let mut steps = Vec::with_capacity(gen);
                 for _ in 0..gen {
                     self.seq.push(argmax(&self.logits));
@@ -162,7 +161,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
     let mut r = Runner {
         model,
         cache: KvCache::new(cfg),
-        scratch: Scratch::new(cfg, max_rows),
+        scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
         logits: vec![0.0; cfg.vocab_size],
         seq: Vec::with_capacity(cfg.n_positions),
     };

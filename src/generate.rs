@@ -3,9 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::model::{Model, Scratch};
+use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::{Sampler, Sampling};
-use crate::tap::NoTap;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -91,7 +90,7 @@ pub fn generate(
     let cfg = &model.config;
     let mut cache = KvCache::new(cfg);
     let rows = if opts.use_cache { prompt_ids.len() } else { prompt_ids.len() + opts.max_new_tokens };
-    let mut scratch = Scratch::new(cfg, rows);
+    let mut scratch = Scratch::new(cfg, rows.min(CHUNK_ROWS));
     let mut logits = vec![0.0f32; cfg.vocab_size];
     let mut sampler = Sampler::new(opts.sampling, cfg.vocab_size);
     let mut seq: Vec<u32> = Vec::with_capacity(prompt_ids.len() + opts.max_new_tokens);
@@ -104,10 +103,10 @@ pub fn generate(
         if step == 0 || !opts.use_cache {
             // Prefill, or in uncached mode the whole sequence again from an empty cache.
             cache.reset();
-            model.forward(&seq, &mut cache, &mut scratch, &mut NoTap, &mut logits)?;
+            model.run(&seq, &mut cache, &mut scratch, &mut logits)?;
         } else {
             let last = seq.len() - 1;
-            model.forward(&seq[last..], &mut cache, &mut scratch, &mut NoTap, &mut logits)?;
+            model.run(&seq[last..], &mut cache, &mut scratch, &mut logits)?;
         }
         let took = start.elapsed();
         if step == 0 {

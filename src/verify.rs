@@ -4,9 +4,8 @@
 use crate::error::{Error, Result};
 use crate::inspect::kl_divergence;
 use crate::kv_cache::KvCache;
-use crate::model::{Model, Scratch};
+use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::argmax;
-use crate::tap::NoTap;
 
 /// How two runs of logits compare, row by row (decode steps or prompt positions).
 #[derive(Clone, Debug, PartialEq)]
@@ -88,19 +87,20 @@ pub fn cache_vs_recompute(
     crate::generate::check_context(model, prompt_ids.len(), steps)?;
     let (mut cached, mut fresh) = (KvCache::new(cfg), KvCache::new(cfg));
     let total = prompt_ids.len() + steps;
-    let (mut s1, mut s2) = (Scratch::new(cfg, prompt_ids.len()), Scratch::new(cfg, total));
+    let (mut s1, mut s2) =
+        (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, total.min(CHUNK_ROWS)));
     let (mut l_cached, mut l_fresh) = (vec![0.0f32; v], vec![0.0f32; v]);
     let mut seq = prompt_ids.to_vec();
     let mut cmp = Compare::new(tolerance);
     for step in 0..steps {
         if step == 0 {
-            model.forward(&seq, &mut cached, &mut s1, &mut NoTap, &mut l_cached)?;
+            model.run(&seq, &mut cached, &mut s1, &mut l_cached)?;
         } else {
             tamper(&mut cached, step);
-            model.forward(&seq[seq.len() - 1..], &mut cached, &mut s1, &mut NoTap, &mut l_cached)?;
+            model.run(&seq[seq.len() - 1..], &mut cached, &mut s1, &mut l_cached)?;
         }
         fresh.reset();
-        model.forward(&seq, &mut fresh, &mut s2, &mut NoTap, &mut l_fresh)?;
+        model.run(&seq, &mut fresh, &mut s2, &mut l_fresh)?;
         cmp.row(&l_fresh, &l_cached);
         seq.push(argmax(&l_cached));
     }
@@ -121,7 +121,7 @@ pub fn against_reference(model: &Model, ids: &[u32], reference: &[f32], toleranc
     }
     let rows = reference.len() / v;
     let mut logits = vec![0.0f32; rows * v];
-    model.forward(ids, &mut KvCache::new(cfg), &mut Scratch::new(cfg, ids.len()), &mut NoTap, &mut logits)?;
+    model.run(ids, &mut KvCache::new(cfg), &mut Scratch::new(cfg, ids.len().min(CHUNK_ROWS)), &mut logits)?;
     let mut cmp = Compare::new(tolerance);
     for (r, g) in reference.chunks_exact(v).zip(logits.chunks_exact(v)) {
         cmp.row(r, g);
@@ -143,13 +143,14 @@ pub fn against_model(
     let v = cfg.vocab_size;
     crate::generate::check_context(reference, prompt_ids.len(), steps)?;
     let (mut c1, mut c2) = (KvCache::new(cfg), KvCache::new(cfg));
-    let (mut s1, mut s2) = (Scratch::new(cfg, prompt_ids.len()), Scratch::new(cfg, prompt_ids.len()));
+    let (mut s1, mut s2) =
+        (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)));
     let (mut l1, mut l2) = (vec![0.0f32; v], vec![0.0f32; v]);
     let mut cmp = Compare::new(tolerance);
     let mut feed = prompt_ids.to_vec();
     for _ in 0..steps {
-        reference.forward(&feed, &mut c1, &mut s1, &mut NoTap, &mut l1)?;
-        model.forward(&feed, &mut c2, &mut s2, &mut NoTap, &mut l2)?;
+        reference.run(&feed, &mut c1, &mut s1, &mut l1)?;
+        model.run(&feed, &mut c2, &mut s2, &mut l2)?;
         cmp.row(&l1, &l2);
         feed = vec![argmax(&l1)];
     }

@@ -159,3 +159,44 @@ fn every_kernel_path_gives_the_same_logits() {
         assert!(got.iter().zip(&scalar).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", isa.name());
     }
 }
+
+/// `Model::run` over chunks of 1, 7 and 16 tokens (a small scratch) gives the same logits and
+/// the same K/V bits as one forward call, hence the reference's values, including when the last
+/// chunk must hold logits for every row.
+#[test]
+fn chunked_runs_equal_one_call_bit_for_bit() {
+    let loaded = load_fixture();
+    let reference = Reference::load();
+    let model = &loaded.model;
+    let cfg = &model.config;
+    let v = cfg.vocab_size;
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for p in reference.prompts().iter().filter(|p| p.ids.len() > 16) {
+        let (_, whole_cache, whole) = run_all(model, &p.ids);
+        let t = p.ids.len();
+        let want = match reference.tensor(&format!("{}.logits", p.key)) {
+            Some((_, w)) => w[(t - 1) * v..].to_vec(),
+            None => reference.tensor(&format!("{}.last_logits", p.key)).unwrap().1,
+        };
+        for chunk in [1, 7, 16] {
+            for rows in [1, t] {
+                let mut cache = KvCache::new(cfg);
+                let mut scratch = Scratch::new(cfg, chunk);
+                let mut logits = vec![0.0; rows * v];
+                model.run(&p.ids, &mut cache, &mut scratch, &mut logits).unwrap();
+                let what = format!("{} chunk {chunk}, {rows} rows", p.key);
+                assert_eq!(bits(&logits), bits(&whole[(t - rows) * v..]), "{what}: logits");
+                assert_close(&what, &logits[(rows - 1) * v..], &want, TOL);
+                for l in 0..cfg.n_layer {
+                    for part in [KvPart::K, KvPart::V] {
+                        assert_eq!(
+                            bits(&cache.gather(l, part)),
+                            bits(&whole_cache.gather(l, part)),
+                            "{what}: layer {l}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
