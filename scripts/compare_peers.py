@@ -97,7 +97,7 @@ def run_json(cmd, timeout, env=None):
 def run_kvgpt(a):
     """One `kvgpt bench` run; its -p gives both the prefill rows and the decode contexts."""
     cmd = [a.kvgpt, "bench", "--model", a.model, "-p", joined(a.tests, "tg"), "-n", str(a.n), "-r", "1",
-           "-t", str(a.threads), "-o", "json", "--no-uncached", "--probe-mib", "0"]
+           "-t", str(a.threads), "-o", "json", "--no-uncached", "--probe-mib", "0", "--dtype", a.dtype]
     res = {}
     for row in run_json(cmd, a.timeout):
         a.kvgpt_git, kind = row.get("git", "?"), row["test"][:2]
@@ -114,13 +114,14 @@ def run_llama(a, state):
     decode = base + ["-p", "0", "-n", str(a.n)]
     if state.setdefault("depth", True):
         try:
-            rows += run_json(decode + ["-d", "0," + joined(a.tests, "tg")], a.timeout)
+            rows += run_json(decode + ["-d", joined(a.tests, "tg")], a.timeout)
         except RuntimeError:
             state["depth"] = False
     if not state["depth"]:
         rows += run_json(decode, a.timeout)
     res = {}
     for row in rows:
+        state["version"] = f"{row.get('build_commit', '?')} (build {row.get('build_number', '?')}), weights {row.get('model_type', '?')}"
         p, n, depth = row["n_prompt"], row["n_gen"], row.get("n_depth", 0)
         key = ("pp", p, p) if p else ("tg", depth or 4, n)  # depth 0 (empty cache) goes on the "after 4" row
         if key in a.tests:
@@ -135,7 +136,7 @@ def ensure_venv(a, not_run):
     py = a.venv / "bin" / "python"
     want = BASE_PKGS + ([] if a.skip_torch else TORCH_PKGS)
     if a.skip_torch:
-        not_run["hf"] = "--skip-torch given"
+        not_run.setdefault("hf", "--skip-torch given")
     if not py.exists():
         log(f"creating venv {a.venv}")
         proc = subprocess.run([sys.executable, "-m", "venv", str(a.venv)], capture_output=True, text=True)
@@ -447,10 +448,9 @@ def report(a, samples, not_run, notes, versions):
         cells = [fmt(row[e]) if e in row else "—" for e in ENGINES]
         lines.append(f"| {label(key)} | " + " | ".join(cells) + f" | {ratio} |")
         dump["tests"][label(key)] = entry
-    print(f"\nModel {a.model}, {a.threads} threads, float32, {a.reps} interleaved reps (mean ± sd)\n")
+    print(f"\nModel {a.model}, {a.threads} threads, kvgpt --dtype {a.dtype} (HF, ORT float32; llama.cpp the GGUF's "
+          f"type), {a.reps} interleaved reps (mean ± sd)\n")
     print("\n".join(lines) if keys else "(no results)")
-    if "llama" in samples:
-        notes = notes + ["llama.cpp decode runs from an empty cache at depth 0; it is shown on the 'after 4' row"]
     for note in notes:
         print(f"- note: {note}")
     for name, version in versions.items():
@@ -478,6 +478,10 @@ def parse_args():
     ap.add_argument("-r", dest="reps", type=int, default=3, help="interleaved repetitions (default 3)")
     ap.add_argument("-t", dest="threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--kvgpt", default="target/release/kvgpt", help="kvgpt binary")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "q8"],
+                    help="kvgpt's --dtype (default f32); HF and ORT always run float32, llama.cpp the GGUF's type")
+    ap.add_argument("--engines", default="kvgpt,hf,ort,llama",
+                    help="comma-separated subset of kvgpt,hf,ort,llama to run (default all)")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary")
     ap.add_argument("--gguf", help="GGUF of the same model, for llama-bench")
     ap.add_argument("--venv", type=Path, default=Path(".venv-peers"), help="venv for the Python peers")
@@ -501,21 +505,31 @@ def main():
     cfg = json.loads((Path(a.model) / "config.json").read_text())
     a.tests, notes = plan_tests(a.prompts, a.n, cfg["n_positions"])
     not_run = {}
+    wanted = {e.strip() for e in a.engines.split(",") if e.strip()}
+    if wanted - set(ENGINES):
+        sys.exit(f"--engines: unknown {', '.join(sorted(wanted - set(ENGINES)))} (choose from {', '.join(ENGINES)})")
+    for e in set(ENGINES) - wanted:
+        not_run[e] = "left out by --engines"
 
     kvgpt = shutil.which(a.kvgpt) or (a.kvgpt if Path(a.kvgpt).is_file() else None)
-    if not kvgpt:
+    if "kvgpt" in not_run:
+        pass
+    elif not kvgpt:
         not_run["kvgpt"] = f"binary not found: {a.kvgpt} (cargo build --release)"
     else:
         a.kvgpt = str(Path(kvgpt).resolve())
         proc = subprocess.run([a.kvgpt, "bench", "--help"], capture_output=True, text=True)
         if proc.returncode != 0:
             not_run["kvgpt"] = f"{a.kvgpt} has no working `bench` subcommand: {tail(proc.stderr, 1, first=True)}"
-    if not (a.llama_bench and a.gguf):
+    if "llama" in not_run:
+        pass
+    elif not (a.llama_bench and a.gguf):
         not_run["llama"] = "no llama-bench/gguf given"
     elif not (Path(a.llama_bench).is_file() and Path(a.gguf).is_file()):
         not_run["llama"] = f"missing file: {a.llama_bench if not Path(a.llama_bench).is_file() else a.gguf}"
 
-    ensure_venv(a, not_run)
+    if {"hf", "ort"} & wanted:
+        ensure_venv(a, not_run)
     if "ort" not in not_run:
         try:
             a.onnx_file = onnx_path(a)
@@ -532,7 +546,7 @@ def main():
     runners = {"kvgpt": lambda: (run_kvgpt(a), {"kvgpt": getattr(a, "kvgpt_git", "?")}),
                "hf": lambda: run_worker(a, "hf"),
                "ort": lambda: run_worker(a, "ort", ["--onnx", str(a.onnx_file)]),
-               "llama": lambda: (run_llama(a, llama_state), {})}
+               "llama": lambda: (run_llama(a, llama_state), {"llama.cpp": llama_state.get("version", "?")})}
     llama_state, samples, versions = {}, {}, {}
     for rep in range(a.reps):
         for e in ENGINES:
@@ -549,7 +563,7 @@ def main():
             for key, tok_s in res.items():
                 samples.setdefault(e, {}).setdefault(key, []).append(tok_s)
     if llama_state.get("depth") is False:
-        notes.append("this llama-bench has no -d: llama.cpp decodes only from an empty cache")
+        notes.append("this llama-bench has no -d: llama.cpp decodes from an empty cache, shown on the 'after 4' row")
     report(a, samples, not_run, notes, versions)
     return 0
 
