@@ -148,7 +148,8 @@ impl PackedMatrix {
         m
     }
 
-    /// An all-zero `[K, N]` matrix of type `ty`, to be filled with [`PackedMatrix::set_cols`].
+    /// An all-zero `[K, N]` matrix of type `ty`, to be filled with [`PackedMatrix::set_row`] or
+    /// [`PackedMatrix::set_cols`].
     pub fn zeros(k: usize, n: usize, ty: WeightType) -> PackedMatrix {
         let panels = n.div_ceil(NR);
         let len = panels * k * NR;
