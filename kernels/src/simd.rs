@@ -322,7 +322,8 @@ pub(crate) fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: 
 const KC: usize = 768;
 /// Rows per register tile: 6 x 16 accumulators fill 12 of the 16 AVX2 registers.
 const MR: usize = 6;
-/// Rows per cache group (a multiple of MR): 96 rows x KC floats = 96 KiB, within L2.
+/// Rows per cache group (a multiple of MR): the group's KC-slice of activations, 96 x 768 floats =
+/// 288 KiB, stays in L2 while the task's panels pass over it.
 const MC: usize = 96;
 
 /// One panel row, widened to f32.
