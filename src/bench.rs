@@ -4,9 +4,9 @@
 //! synthetic, the next token is an argmax taken outside the timed region).
 
 use crate::error::Result;
-use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::argmax;
+use crate::sampler::Sampling;
+use crate::sequence::Sequence;
 use std::time::{Duration, Instant};
 
 /// What to measure.
@@ -78,16 +78,18 @@ fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
 /// Everything a run needs, allocated once.
 struct Runner<'a> {
     model: &'a Model,
-    cache: KvCache,
+    seq: Sequence,
     scratch: Scratch,
-    logits: Vec<f32>,
-    seq: Vec<u32>,
 }
 
 impl Runner<'_> {
-    fn timed_forward(&mut self, ids_from: usize) -> Result<Duration> {
+    /// Feeds the sequence's pending tokens (all of them, if `recompute`), timed.
+    fn timed_feed(&mut self, recompute: bool) -> Result<Duration> {
         let start = Instant::now();
-        self.model.run(&self.seq[ids_from..], &mut self.cache, &mut self.scratch, &mut self.logits)?;
+        if recompute {
+            self.seq.forget_cache();
+        }
+        self.seq.feed(self.model, &mut self.scratch)?;
         Ok(start.elapsed())
     }
 
@@ -96,24 +98,17 @@ impl Runner<'_> {
         let v = self.model.config.vocab_size;
         match test {
             Test::Prefill { prompt } => {
-                self.seq = prompt_ids(prompt, v);
-                self.cache.reset();
-                let d = self.timed_forward(0)?;
+                self.seq.restart(&prompt_ids(prompt, v))?;
+                let d = self.timed_feed(false)?;
                 Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3]))
             }
             Test::Decode { prompt, gen, cached } => {
-                self.seq = prompt_ids(prompt, v);
-                self.cache.reset();
-                self.model.run(&self.seq, &mut self.cache, &mut self.scratch, &mut self.logits)?;
+                self.seq.restart(&prompt_ids(prompt, v))?;
+                self.seq.feed(self.model, &mut self.scratch)?;
                 let mut steps = Vec::with_capacity(gen);
                 for _ in 0..gen {
-                    self.seq.push(argmax(&self.logits));
-                    let d = if cached {
-                        self.timed_forward(self.seq.len() - 1)?
-                    } else {
-                        self.cache.reset();
-                        self.timed_forward(0)?
-                    };
+                    self.seq.sample(); // greedy
+                    let d = self.timed_feed(!cached)?;
                     steps.push(d.as_secs_f64() * 1e3);
                 }
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;
@@ -160,10 +155,10 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         .unwrap_or(1);
     let mut r = Runner {
         model,
-        cache: KvCache::new(cfg),
+        // One sequence with room for the whole context, restarted for every run: its cache's
+        // pages are touched by the warm-up, not inside a timed run.
+        seq: Sequence::new(model, &[0], cfg.n_positions - 1, Sampling::GREEDY)?,
         scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
-        logits: vec![0.0; cfg.vocab_size],
-        seq: Vec::with_capacity(cfg.n_positions),
     };
     let mut rows: Vec<Row> = tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![] }).collect();
     for t in &tests {

@@ -32,8 +32,8 @@ pub enum Error {
     Tokenizer(String),
 
     #[error(
-        "prompt of {prompt} tokens + {new} new tokens exceeds the model's {n_positions} positions; \
-         shorten the prompt or lower --max-new-tokens to at most {room}",
+        "prompt of {prompt} tokens + {new} new tokens exceeds the model's {n_positions} positions \
+         (room for {room} new tokens after this prompt)",
         room = n_positions.saturating_sub(*prompt)
     )]
     ContextOverflow { prompt: usize, new: usize, n_positions: usize },

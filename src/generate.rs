@@ -1,10 +1,10 @@
 //! The generation loop: prefill, decode (cached) or recompute (uncached), stop conditions,
 //! timings, and a callback per token for streaming.
 
-use crate::error::{Error, Result};
-use crate::kv_cache::KvCache;
+use crate::error::Result;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::{Sampler, Sampling};
+use crate::sampler::Sampling;
+use crate::sequence::Sequence;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -66,14 +66,7 @@ pub struct Generation {
     pub timings: Timings,
 }
 
-/// Checks that the prompt and the new tokens fit the model's positions.
-pub fn check_context(model: &Model, prompt: usize, new: usize) -> Result<()> {
-    let n_positions = model.config.n_positions;
-    if prompt + new > n_positions {
-        return Err(Error::ContextOverflow { prompt, new, n_positions });
-    }
-    Ok(())
-}
+pub use crate::sequence::check_context;
 
 /// Runs the loop. `on_token` sees every new id as soon as it is chosen, with the logits it was
 /// chosen from (before temperature); returning an error stops.
@@ -83,31 +76,30 @@ pub fn generate(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32, &[f32]) -> Result<()>,
 ) -> Result<Generation> {
-    if prompt_ids.is_empty() {
-        return Err(Error::Invalid("the prompt has no tokens".into()));
-    }
-    check_context(model, prompt_ids.len(), opts.max_new_tokens)?;
-    let cfg = &model.config;
-    let mut cache = KvCache::new(cfg);
-    let rows = if opts.use_cache { prompt_ids.len() } else { prompt_ids.len() + opts.max_new_tokens };
-    let mut scratch = Scratch::new(cfg, rows.min(CHUNK_ROWS));
-    let mut logits = vec![0.0f32; cfg.vocab_size];
-    let mut sampler = Sampler::new(opts.sampling, cfg.vocab_size);
-    let mut seq: Vec<u32> = Vec::with_capacity(prompt_ids.len() + opts.max_new_tokens);
-    seq.extend_from_slice(prompt_ids);
-    let mut timings = Timings { prefill_tokens: prompt_ids.len(), ..Timings::default() };
-    let mut finish = FinishReason::Length;
+    let mut seq = Sequence::new(model, prompt_ids, opts.max_new_tokens, opts.sampling)?;
+    generate_from(model, &mut seq, opts, on_token)
+}
 
+/// The loop over a sequence made by the caller (whose cache may already hold a prefix of the
+/// prompt, restored from a prompt cache): only the rest is computed.
+pub fn generate_from(
+    model: &Model,
+    seq: &mut Sequence,
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<()>,
+) -> Result<Generation> {
+    let cfg = &model.config;
+    let prompt_len = seq.prompt().len();
+    let rows = if opts.use_cache { seq.pending() } else { prompt_len + opts.max_new_tokens };
+    let mut scratch = Scratch::new(cfg, rows.clamp(1, CHUNK_ROWS));
+    let mut timings = Timings { prefill_tokens: seq.pending(), ..Timings::default() };
+    let mut finish = FinishReason::Length;
     for step in 0..opts.max_new_tokens {
         let start = Instant::now();
-        if step == 0 || !opts.use_cache {
-            // Prefill, or in uncached mode the whole sequence again from an empty cache.
-            cache.reset();
-            model.run(&seq, &mut cache, &mut scratch, &mut logits)?;
-        } else {
-            let last = seq.len() - 1;
-            model.run(&seq[last..], &mut cache, &mut scratch, &mut logits)?;
+        if !opts.use_cache {
+            seq.forget_cache(); // the whole sequence again from an empty cache
         }
+        seq.feed(model, &mut scratch)?;
         let took = start.elapsed();
         if step == 0 {
             timings.prefill = took;
@@ -115,17 +107,16 @@ pub fn generate(
             timings.decode += took;
             timings.decode_steps += 1;
         }
-        let next = sampler.sample(&logits);
-        seq.push(next);
-        on_token(next, &logits)?;
+        let next = seq.sample();
+        on_token(next, seq.logits())?;
         if opts.stop_at_eos && next == cfg.eos_token_id {
             finish = FinishReason::Eos;
             break;
         }
     }
     Ok(Generation {
-        prompt_ids: prompt_ids.to_vec(),
-        generated_ids: seq[prompt_ids.len()..].to_vec(),
+        prompt_ids: seq.prompt().to_vec(),
+        generated_ids: seq.generated().to_vec(),
         finish_reason: finish,
         timings,
     })

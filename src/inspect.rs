@@ -8,7 +8,9 @@ use crate::error::Result;
 use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch};
 use crate::sampler::argmax;
-use crate::tap::{Point, Recorder, Tap};
+use crate::sampler::Sampling;
+use crate::sequence::Sequence;
+use crate::tap::{Point, Recorder};
 
 /// What a traced run recorded.
 pub struct Trace {
@@ -39,28 +41,26 @@ pub struct TraceSpec {
 pub fn trace(model: &Model, prompt_ids: &[u32], spec: &TraceSpec) -> Result<Trace> {
     let cfg = &model.config;
     let v = cfg.vocab_size;
-    crate::generate::check_context(model, prompt_ids.len(), spec.generate)?;
-    let mut cache = KvCache::new(cfg);
+    let mut seq = Sequence::new(model, prompt_ids, spec.generate, Sampling::GREEDY)?;
     let mut scratch = Scratch::new(cfg, prompt_ids.len());
     let mut recorder = Recorder::only(spec.want);
     let t = prompt_ids.len();
     let rows = if spec.all_logits { t } else { 1 };
-    let mut call_logits = vec![0.0f32; rows * v];
-    model.forward(prompt_ids, &mut cache, &mut scratch, &mut recorder as &mut dyn Tap, &mut call_logits)?;
-    let mut logits = call_logits;
-    let mut ids = prompt_ids.to_vec();
+    let mut logits = vec![0.0f32; rows * v];
+    seq.feed_observed(model, &mut scratch, &mut recorder, &mut logits)?;
     let mut step_logits = vec![0.0f32; v];
-    let mut next = argmax(&logits[logits.len() - v..]);
     for _ in 0..spec.generate {
-        ids.push(next);
-        model.forward(&[next], &mut cache, &mut scratch, &mut recorder, &mut step_logits)?;
+        seq.sample(); // greedy
+        seq.feed_observed(model, &mut scratch, &mut recorder, &mut step_logits)?;
         if spec.all_logits {
             logits.extend_from_slice(&step_logits);
         } else {
             logits.copy_from_slice(&step_logits);
         }
-        next = argmax(&step_logits);
     }
+    let next = argmax(seq.logits());
+    let ids = seq.ids().to_vec();
+    let cache = seq.into_cache();
     Ok(Trace { ids, prompt_len: t, recorder, logits, cache, next })
 }
 

@@ -21,14 +21,26 @@ pub struct KvCache {
 impl KvCache {
     /// A cache for `cfg.n_positions` positions of every layer, allocated once.
     pub fn new(cfg: &Config) -> KvCache {
-        let size = cfg.n_head * cfg.n_positions * cfg.head_dim();
+        KvCache::with_capacity(cfg, cfg.n_positions)
+    }
+
+    /// A cache for `capacity` positions (at most `cfg.n_positions`), allocated once: a sequence
+    /// that will never hold more positions needs no more memory.
+    pub fn with_capacity(cfg: &Config, capacity: usize) -> KvCache {
+        let capacity = capacity.min(cfg.n_positions);
+        let size = cfg.n_head * capacity * cfg.head_dim();
         KvCache {
             layers: (0..cfg.n_layer).map(|_| LayerKv { k: vec![0.0; size], v: vec![0.0; size] }).collect(),
             len: 0,
-            capacity: cfg.n_positions,
+            capacity,
             n_head: cfg.n_head,
             head_dim: cfg.head_dim(),
         }
+    }
+
+    /// Bytes of K and V for one position of every layer (f32).
+    pub fn bytes_per_position(cfg: &Config) -> usize {
+        2 * cfg.n_layer * cfg.n_embd * 4
     }
 
     /// Positions filled; the next token goes at position `len()`.
@@ -101,6 +113,45 @@ impl KvCache {
         out
     }
 
+    /// A copy of K and V of positions `a..b` of every layer.
+    pub fn span(&self, a: usize, b: usize) -> KvSpan {
+        assert!(a <= b && b <= self.len, "span {a}..{b} of a cache holding {} positions", self.len);
+        let (nh, hs, cap, n) = (self.n_head, self.head_dim, self.capacity, b - a);
+        let mut data = Vec::with_capacity(self.layers.len() * 2 * nh * n * hs);
+        for layer in &self.layers {
+            for src in [&layer.k, &layer.v] {
+                for h in 0..nh {
+                    data.extend_from_slice(&src[(h * cap + a) * hs..(h * cap + b) * hs]);
+                }
+            }
+        }
+        KvSpan { len: n, n_layer: self.layers.len(), n_head: nh, head_dim: hs, data }
+    }
+
+    /// Appends positions `from..to` of `span` at positions `len()..`: the K/V bits a forward pass
+    /// over the same tokens at the same positions would have written.
+    pub fn append_span(&mut self, span: &KvSpan, from: usize, to: usize) -> Result<()> {
+        assert!(from <= to && to <= span.len, "positions {from}..{to} of a span of {}", span.len);
+        assert!(span.n_layer == self.layers.len() && span.n_head == self.n_head && span.head_dim == self.head_dim);
+        self.check_room(to - from)?;
+        let (nh, hs, cap, p) = (self.n_head, self.head_dim, self.capacity, self.len);
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            for (part, dst) in [&mut layer.k, &mut layer.v].into_iter().enumerate() {
+                for h in 0..nh {
+                    let src = span.head(l, part, h);
+                    dst[(h * cap + p) * hs..(h * cap + p + to - from) * hs].copy_from_slice(&src[from * hs..to * hs]);
+                }
+            }
+        }
+        self.len += to - from;
+        Ok(())
+    }
+
+    /// Forgets positions `len..` (the next token goes at position `len`).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Mutable access to one layer's store, for tests that corrupt a cache on purpose.
     pub fn layer_mut(&mut self, l: usize) -> &mut LayerKv {
         &mut self.layers[l]
@@ -111,4 +162,45 @@ impl KvCache {
 pub enum KvPart {
     K,
     V,
+}
+
+/// K and V of a run of consecutive positions of every layer, held outside any cache (the prompt
+/// cache's entries and the files of `--prompt-cache`): `[L, 2 (K, V), NH, len, HS]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvSpan {
+    pub len: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub data: Vec<f32>,
+}
+
+impl KvSpan {
+    /// Head `h` of layer `l`, part 0 (K) or 1 (V): `[len, HS]`.
+    fn head(&self, l: usize, part: usize, h: usize) -> &[f32] {
+        let n = self.len * self.head_dim;
+        &self.data[((l * 2 + part) * self.n_head + h) * n..][..n]
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// Splits at position `m`: `self` keeps `0..m`, the result holds `m..len`.
+    pub fn split_off(&mut self, m: usize) -> KvSpan {
+        assert!(m <= self.len);
+        let (n, hs) = (self.len, self.head_dim);
+        if n == 0 || hs == 0 {
+            return self.clone();
+        }
+        let (mut head, mut tail) = (Vec::with_capacity(self.data.len() / n.max(1) * m), Vec::new());
+        for chunk in self.data.chunks(n * hs) {
+            head.extend_from_slice(&chunk[..m * hs]);
+            tail.extend_from_slice(&chunk[m * hs..]);
+        }
+        self.data = head;
+        self.len = m;
+        KvSpan { len: n - m, data: tail, ..*self }
+    }
 }

@@ -13,18 +13,22 @@ pub mod hub;
 pub mod inspect;
 pub mod kv_cache;
 pub mod model;
+pub mod prefix_cache;
 pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
 pub mod tap;
 pub mod tokenizer;
 pub mod verify;
 
 pub use config::Config;
 pub use error::{Error, Result};
-pub use generate::{generate, FinishReason, GenerateOptions, Generation, Timings};
+pub use generate::{generate, generate_from, FinishReason, GenerateOptions, Generation, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart};
-pub use model::{Model, Scratch};
+pub use model::{Batched, Model, Rows, Scratch};
 pub use sampler::{Sampler, Sampling};
+pub use sequence::Sequence;
 pub use tap::{NoTap, Point, Recorder, Tap};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 

@@ -58,6 +58,25 @@ pub struct Model {
 /// weights from memory per chunk, and measured slower at pp512.
 pub const CHUNK_ROWS: usize = 256;
 
+/// One sequence's part of a forward call: the tokens it feeds at positions `cache.len()..`, its
+/// cache, and `[R, V]` for the logits of its last R rows (empty: none).
+pub struct Rows<'a> {
+    pub ids: &'a [u32],
+    pub cache: &'a mut KvCache,
+    pub logits: &'a mut [f32],
+}
+
+/// Something that takes part in [`Model::forward_batch`]: it lends its rows for one call.
+pub trait Batched {
+    fn rows(&mut self) -> Rows<'_>;
+}
+
+impl Batched for Rows<'_> {
+    fn rows(&mut self) -> Rows<'_> {
+        Rows { ids: self.ids, cache: &mut *self.cache, logits: &mut *self.logits }
+    }
+}
+
 /// Work buffers of the forward pass, sized for the largest `T` seen and then reused: decoding
 /// allocates nothing.
 pub struct Scratch {
@@ -70,6 +89,7 @@ pub struct Scratch {
     fc: Vec<f32>,     // [T, F]
     scores: Vec<f32>, // [NH, n_positions] one score row per head
     probs: Vec<f32>,  // [NH, T, P+T] only when a tap asks for attention weights
+    logits: Vec<f32>, // [R, V] of a batch whose logits go to several sequences
 }
 
 impl Scratch {
@@ -86,6 +106,7 @@ impl Scratch {
             fc: vec![],
             scores: vec![0.0; cfg.n_head * cfg.n_positions],
             probs: vec![],
+            logits: vec![],
         };
         s.ensure(cfg, rows);
         s
@@ -267,33 +288,65 @@ impl Model {
         tap: &mut dyn Tap,
         logits: &mut [f32],
     ) -> Result<()> {
+        self.forward_rows(&mut [Rows { ids, cache, logits }], scratch, tap)
+    }
+
+    /// One forward pass over the rows of many sequences at once: their rows sit side by side in
+    /// every matmul (each weight is read once for all of them), while K/V are written and
+    /// attention is computed per sequence. A sequence whose `ids` are empty sits the call out.
+    ///
+    /// No row's arithmetic reads another row, so every sequence gets the same bits as if it ran
+    /// alone ([`Model::forward`]), whatever else shares the call. Nothing is computed unless
+    /// every sequence's input is valid and fits its cache.
+    pub fn forward_batch<B: Batched>(&self, batch: &mut [B], scratch: &mut Scratch) -> Result<()> {
+        self.forward_rows(batch, scratch, &mut NoTap)
+    }
+
+    /// The one forward pass behind [`Model::forward`] and [`Model::forward_batch`]. A tap that
+    /// wants [`Point::LnF`] is only given with a single sequence.
+    fn forward_rows<B: Batched>(&self, batch: &mut [B], scratch: &mut Scratch, tap: &mut dyn Tap) -> Result<()> {
         let cfg = &self.config;
-        let (t, p) = (ids.len(), cache.len());
         let (c, nh, hs, f, v) = (cfg.n_embd, cfg.n_head, cfg.head_dim(), cfg.n_inner, cfg.vocab_size);
         let (isa, eps) = (self.isa, cfg.layer_norm_epsilon);
-        let r = logits.len() / v;
-        if t == 0 || r > t || logits.len() != r * v {
-            return Err(Error::Invalid(format!(
-                "forward needs at least one token and logits for 0..={t} rows of {v} (got {} floats)",
-                logits.len()
-            )));
+        // Check every sequence before any work: rows, logits, ids, room.                    T = Σ Tᵢ
+        let (mut t, mut r_all, mut wanting) = (0, 0, 0);
+        for b in batch.iter_mut() {
+            let s = b.rows();
+            let (ti, ri) = (s.ids.len(), s.logits.len() / v);
+            if ri > ti || s.logits.len() != ri * v {
+                return Err(Error::Invalid(format!(
+                    "forward needs logits for 0..={ti} rows of {v} (got {} floats)",
+                    s.logits.len()
+                )));
+            }
+            if let Some(&id) = s.ids.iter().find(|&&id| id as usize >= v) {
+                return Err(Error::BadTokenId { id, vocab: v });
+            }
+            s.cache.check_room(ti)?;
+            (t, r_all, wanting) = (t + ti, r_all + ri, wanting + usize::from(ri > 0));
         }
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= v) {
-            return Err(Error::BadTokenId { id, vocab: v });
+        if t == 0 {
+            return Err(Error::Invalid("forward needs at least one token".into()));
         }
-        cache.check_room(t)?;
-        tap.begin(p, t);
+        let lnf_all = tap.wants(Point::LnF);
+        debug_assert!(!lnf_all || batch.len() == 1, "taps observe one sequence");
+        tap.begin(batch[0].rows().cache.len(), t);
         scratch.ensure(cfg, t);
-        let Scratch { x, xn, qkv, att, proj, fc, scores, probs, .. } = scratch;
+        let Scratch { x, xn, qkv, att, proj, fc, scores, probs, logits: batch_logits, .. } = scratch;
         let (x, xn, qkv) = (&mut x[..t * c], &mut xn[..t * c], &mut qkv[..t * 3 * c]);
         let (att, proj, fc) = (&mut att[..t * c], &mut proj[..t * c], &mut fc[..t * f]);
 
         // Token plus position embeddings.                                          x: [T, C]
-        for (i, &id) in ids.iter().enumerate() {
-            let row = &mut x[i * c..(i + 1) * c];
-            self.wte.column_into(id as usize, row);
-            for (xo, b) in row.iter_mut().zip(&self.wpe[(p + i) * c..][..c]) {
-                *xo += b;
+        let mut row = 0;
+        for b in batch.iter_mut() {
+            let s = b.rows();
+            for (i, &id) in s.ids.iter().enumerate() {
+                let xr = &mut x[row * c..(row + 1) * c];
+                self.wte.column_into(id as usize, xr);
+                for (xo, e) in xr.iter_mut().zip(&self.wpe[(s.cache.len() + i) * c..][..c]) {
+                    *xo += e;
+                }
+                row += 1;
             }
         }
         report(tap, Point::Embed, &[t, c], x);
@@ -304,17 +357,28 @@ impl Model {
             report(tap, Point::Ln1(l), &[t, c], xn);
             blk.c_attn.forward(isa, qkv, xn, t); //                                    [T, 3C]
             report(tap, Point::CAttn(l), &[t, 3 * c], qkv);
-            cache.write(l, qkv, t); //                                 K, V → positions P..P+T
-            let want_probs = tap.wants(Point::AttnProbs(l));
-            if want_probs {
-                probs.resize(nh * t * (p + t), 0.0);
-            }
-            let dims = AttnDims { t, p, nh, hs, t_max: cache.capacity(), scale: cfg.attn_scale(l) };
-            let kv = cache.layer(l);
-            let probs_out = want_probs.then_some(&mut probs[..]);
-            k::attention(isa, att, probs_out, qkv, 3 * c, &kv.k, &kv.v, scores, dims); // [T, C]
-            if want_probs {
-                tap.record(Point::AttnProbs(l), &[nh, t, p + t], probs);
+            let mut row = 0;
+            for b in batch.iter_mut() {
+                // Each sequence over its own cache.                          rows row..row+Tᵢ
+                let s = b.rows();
+                let (ti, p) = (s.ids.len(), s.cache.len());
+                if ti == 0 {
+                    continue;
+                }
+                let q = &qkv[row * 3 * c..(row + ti) * 3 * c];
+                s.cache.write(l, q, ti); //                                K, V → positions P..P+Tᵢ
+                let want_probs = tap.wants(Point::AttnProbs(l));
+                if want_probs {
+                    probs.resize(nh * ti * (p + ti), 0.0);
+                }
+                let dims = AttnDims { t: ti, p, nh, hs, t_max: s.cache.capacity(), scale: cfg.attn_scale(l) };
+                let kv = s.cache.layer(l);
+                let out = &mut att[row * c..(row + ti) * c];
+                k::attention(isa, out, want_probs.then_some(&mut probs[..]), q, 3 * c, &kv.k, &kv.v, scores, dims);
+                if want_probs {
+                    tap.record(Point::AttnProbs(l), &[nh, ti, p + ti], probs);
+                }
+                row += ti;
             }
             blk.attn_c_proj.forward(isa, proj, att, t); //                             [T, C]
             report(tap, Point::AttnProj(l), &[t, c], proj);
@@ -331,14 +395,44 @@ impl Model {
             k::add_inplace(x, proj);
             report(tap, Point::Block(l), &[t, c], x);
         }
-        cache.advance(t);
 
-        // Final LayerNorm and the tied vocabulary projection, only for the rows needed.
-        let first = if tap.wants(Point::LnF) { 0 } else { t - r };
-        self.ln_f.forward(isa, &mut xn[first * c..], &x[first * c..], t - first, eps);
-        report(tap, Point::LnF, &[t - first, c], &xn[first * c..]);
-        k::matmul_packed(isa, logits, &xn[(t - r) * c..], &self.wte, &self.no_bias, r); // [R, V]
-        report(tap, Point::Logits, &[r, v], logits);
+        // Final LayerNorm, only of the rows whose logits are wanted (the last Rᵢ of each
+        // sequence), gathered into the first rows of xn; all rows when a tap asks for ln_f.
+        let (mut row, mut sel) = (0, 0);
+        for b in batch.iter_mut() {
+            let s = b.rows();
+            let (ti, ri) = (s.ids.len(), s.logits.len() / v);
+            let first = if lnf_all { 0 } else { ti - ri };
+            let (src, n) = (&x[(row + first) * c..(row + ti) * c], ti - first);
+            self.ln_f.forward(isa, &mut xn[sel * c..(sel + n) * c], src, n, eps);
+            (row, sel) = (row + ti, sel + n);
+        }
+        report(tap, Point::LnF, &[sel, c], &xn[..sel * c]);
+
+        // The tied vocabulary projection.                                              [R, V]
+        let xn_logits = &xn[(sel - r_all) * c..sel * c];
+        if wanting == 1 {
+            let s = batch.iter_mut().map(|b| b.rows()).find(|s| !s.logits.is_empty()).expect("one wants logits");
+            k::matmul_packed(isa, s.logits, xn_logits, &self.wte, &self.no_bias, r_all);
+            report(tap, Point::Logits, &[r_all, v], s.logits);
+        } else if wanting > 1 {
+            if batch_logits.len() < r_all * v {
+                batch_logits.resize(r_all * v, 0.0); // grows with the largest batch, then stays
+            }
+            k::matmul_packed(isa, &mut batch_logits[..r_all * v], xn_logits, &self.wte, &self.no_bias, r_all);
+            let mut done = 0;
+            for b in batch.iter_mut() {
+                let s = b.rows();
+                let n = s.logits.len();
+                s.logits.copy_from_slice(&batch_logits[done..done + n]);
+                done += n;
+            }
+        }
+        for b in batch.iter_mut() {
+            let s = b.rows();
+            let ti = s.ids.len();
+            s.cache.advance(ti);
+        }
         Ok(())
     }
 

@@ -5,7 +5,8 @@ use crate::error::{Error, Result};
 use crate::inspect::kl_divergence;
 use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::argmax;
+use crate::sampler::{argmax, Sampling};
+use crate::sequence::Sequence;
 
 /// How two runs of logits compare, row by row (decode steps or prompt positions).
 #[derive(Clone, Debug, PartialEq)]
@@ -82,27 +83,23 @@ pub fn cache_vs_recompute(
     tolerance: f32,
     tamper: &mut dyn FnMut(&mut KvCache, usize),
 ) -> Result<Comparison> {
+    let greedy = Sampling::GREEDY;
+    let mut cached = Sequence::new(model, prompt_ids, steps, greedy)?;
+    let mut fresh = Sequence::new(model, prompt_ids, steps, greedy)?;
     let cfg = &model.config;
-    let v = cfg.vocab_size;
-    crate::generate::check_context(model, prompt_ids.len(), steps)?;
-    let (mut cached, mut fresh) = (KvCache::new(cfg), KvCache::new(cfg));
     let total = prompt_ids.len() + steps;
     let (mut s1, mut s2) =
         (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, total.min(CHUNK_ROWS)));
-    let (mut l_cached, mut l_fresh) = (vec![0.0f32; v], vec![0.0f32; v]);
-    let mut seq = prompt_ids.to_vec();
     let mut cmp = Compare::new(tolerance);
     for step in 0..steps {
-        if step == 0 {
-            model.run(&seq, &mut cached, &mut s1, &mut l_cached)?;
-        } else {
-            tamper(&mut cached, step);
-            model.run(&seq[seq.len() - 1..], &mut cached, &mut s1, &mut l_cached)?;
+        if step > 0 {
+            tamper(cached.cache_mut(), step);
         }
-        fresh.reset();
-        model.run(&seq, &mut fresh, &mut s2, &mut l_fresh)?;
-        cmp.row(&l_fresh, &l_cached);
-        seq.push(argmax(&l_cached));
+        cached.feed(model, &mut s1)?;
+        fresh.forget_cache();
+        fresh.feed(model, &mut s2)?;
+        cmp.row(fresh.logits(), cached.logits());
+        fresh.push(cached.sample())?;
     }
     Ok(cmp.finish())
 }
@@ -140,19 +137,16 @@ pub fn against_model(
     tolerance: f32,
 ) -> Result<Comparison> {
     let cfg = &reference.config;
-    let v = cfg.vocab_size;
-    crate::generate::check_context(reference, prompt_ids.len(), steps)?;
-    let (mut c1, mut c2) = (KvCache::new(cfg), KvCache::new(cfg));
+    let mut seq_ref = Sequence::new(reference, prompt_ids, steps, Sampling::GREEDY)?;
+    let mut seq = Sequence::new(model, prompt_ids, steps, Sampling::GREEDY)?;
     let (mut s1, mut s2) =
         (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)));
-    let (mut l1, mut l2) = (vec![0.0f32; v], vec![0.0f32; v]);
     let mut cmp = Compare::new(tolerance);
-    let mut feed = prompt_ids.to_vec();
     for _ in 0..steps {
-        reference.run(&feed, &mut c1, &mut s1, &mut l1)?;
-        model.run(&feed, &mut c2, &mut s2, &mut l2)?;
-        cmp.row(&l1, &l2);
-        feed = vec![argmax(&l1)];
+        seq_ref.feed(reference, &mut s1)?;
+        seq.feed(model, &mut s2)?;
+        cmp.row(seq_ref.logits(), seq.logits());
+        seq.push(seq_ref.sample())?;
     }
     Ok(cmp.finish())
 }

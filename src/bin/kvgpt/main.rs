@@ -5,6 +5,7 @@ mod bench;
 mod generate;
 mod inspect;
 mod render;
+mod serve;
 mod verify;
 
 use anyhow::{Context, Result};
@@ -37,6 +38,8 @@ enum Cmd {
     Verify(verify::VerifyCmd),
     /// Measure prefill and decode speed, cached against uncached (forward passes only).
     Bench(bench::BenchArgs),
+    /// Serve the model over HTTP (OpenAI-compatible), batching requests, with a prompt cache.
+    Serve(serve::ServeArgs),
 }
 
 /// Where the model comes from and how many threads run it.
@@ -106,13 +109,43 @@ pub enum Outcome {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let flag = cli.cmd.new_tokens_flag();
     match run(cli) {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::CheckFailed) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e:#}");
+            if let Some(hint) = hint(&e, flag) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::FAILURE
         }
+    }
+}
+
+impl Cmd {
+    /// The flag that sets how many tokens a command adds after the prompt.
+    fn new_tokens_flag(&self) -> &'static str {
+        match self {
+            Cmd::Generate(_) => "--max-new-tokens",
+            Cmd::Verify(_) => "--steps",
+            Cmd::Bench(_) => "-n",
+            Cmd::Serve(_) => "max_tokens",
+            _ => "--generate",
+        }
+    }
+}
+
+/// What the user can do about a library error, in terms of this command's flags.
+fn hint(e: &anyhow::Error, flag: &str) -> Option<String> {
+    match e.downcast_ref::<kvgpt::Error>()? {
+        kvgpt::Error::ContextOverflow { prompt, n_positions, .. } if prompt < n_positions => {
+            Some(format!("shorten the prompt or lower {flag} to at most {}", n_positions - prompt))
+        }
+        kvgpt::Error::ContextOverflow { n_positions, .. } => {
+            Some(format!("shorten the prompt to fewer than {n_positions} tokens"))
+        }
+        _ => None,
     }
 }
 
@@ -130,6 +163,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             let m = c.model_args().clone();
             with_threads(&m, || verify::run(c))
         }
+        Cmd::Serve(a) => serve::run(&a).map(|()| Outcome::Done),
     }
 }
 

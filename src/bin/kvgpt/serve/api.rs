@@ -1,0 +1,352 @@
+//! The OpenAI-compatible request bodies: parsed from JSON by hand, so that every wrong field gets
+//! an OpenAI-style error naming it (`{"error": {"message", "type", "param", "code"}}`).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+/// An error answered as OpenAI's error object.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    pub retry_after: Option<u32>,
+}
+
+impl ApiError {
+    pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: (!param.is_empty()).then(|| param.to_string()),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn new(status: StatusCode, kind: &'static str, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: Some(code), retry_after: None }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert("retry-after", s.into());
+        }
+        r
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// The prompt of a completion: text, or token ids.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A parsed `/v1/completions` or `/v1/chat/completions` body.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub model: Option<String>,
+    pub prompts: Vec<Prompt>,
+    pub max_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    pub echo: bool,
+    /// Alternatives per token (completions: `logprobs: N`; chat: `top_logprobs` with `logprobs: true`).
+    pub logprobs: Option<usize>,
+    pub n: usize,
+    pub ignore_eos: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+pub const MAX_N: usize = 16;
+pub const MAX_LOGPROBS: usize = 20;
+pub const MAX_STOP: usize = 4;
+
+/// Parses a request body into a JSON object.
+pub fn object(body: &[u8]) -> ApiResult<Map<String, Value>> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad("", format!("the body is not valid JSON: {e}")))?;
+    match v {
+        Value::Object(m) => Ok(m),
+        other => Err(ApiError::bad("", format!("the body must be a JSON object, got {}", kind(&other)))),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A field, absent when missing or null.
+fn field<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.get(key).filter(|v| !v.is_null())
+}
+
+fn int(m: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> ApiResult<Option<i64>> {
+    let Some(v) = field(m, key) else { return Ok(None) };
+    let n = v.as_i64().filter(|_| v.is_i64() || v.is_u64()).ok_or_else(|| {
+        ApiError::bad(key, format!("`{key}` must be an integer between {lo} and {hi}, got {}", kind(v)))
+    })?;
+    if n < lo || n > hi {
+        return Err(ApiError::bad(key, format!("`{key}` must be between {lo} and {hi}, got {n}")));
+    }
+    Ok(Some(n))
+}
+
+fn num(m: &Map<String, Value>, key: &str, ok: impl Fn(f64) -> bool, range: &str) -> ApiResult<Option<f64>> {
+    let Some(v) = field(m, key) else { return Ok(None) };
+    let x =
+        v.as_f64().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be a number {range}, got {}", kind(v))))?;
+    if !ok(x) {
+        return Err(ApiError::bad(key, format!("`{key}` must be {range}, got {x}")));
+    }
+    Ok(Some(x))
+}
+
+fn boolean(m: &Map<String, Value>, key: &str) -> ApiResult<bool> {
+    match field(m, key) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(ApiError::bad(key, format!("`{key}` must be true or false, got {}", kind(v)))),
+    }
+}
+
+fn ids(v: &Value, key: &str) -> ApiResult<Vec<u32>> {
+    let arr = v.as_array().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be token ids, got {}", kind(v))))?;
+    arr.iter()
+        .map(|x| {
+            x.as_u64()
+                .filter(|&n| n <= u32::MAX as u64)
+                .map(|n| n as u32)
+                .ok_or_else(|| ApiError::bad(key, format!("`{key}` holds {x}, which is not a token id")))
+        })
+        .collect()
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of lists of ids.
+fn prompts(m: &Map<String, Value>) -> ApiResult<Vec<Prompt>> {
+    let v = field(m, "prompt").ok_or_else(|| ApiError::bad("prompt", "`prompt` is required"))?;
+    let err =
+        || ApiError::bad("prompt", "`prompt` must be a string, a list of strings, token ids or lists of token ids");
+    let out = match v {
+        Value::String(s) => vec![Prompt::Text(s.clone())],
+        Value::Array(a) if a.is_empty() => return Err(ApiError::bad("prompt", "`prompt` is an empty list")),
+        Value::Array(a) if a[0].is_string() => a
+            .iter()
+            .map(|x| x.as_str().map(|s| Prompt::Text(s.to_string())).ok_or_else(err))
+            .collect::<ApiResult<_>>()?,
+        Value::Array(a) if a[0].is_number() => vec![Prompt::Ids(ids(v, "prompt")?)],
+        Value::Array(a) if a[0].is_array() => {
+            a.iter().map(|x| ids(x, "prompt").map(Prompt::Ids)).collect::<ApiResult<_>>()?
+        }
+        _ => return Err(err()),
+    };
+    if out.len() > MAX_N {
+        return Err(ApiError::bad("prompt", format!("at most {MAX_N} prompts per request, got {}", out.len())));
+    }
+    Ok(out)
+}
+
+fn stop(m: &Map<String, Value>) -> ApiResult<Vec<String>> {
+    let list = match field(m, "stop") {
+        None => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| ApiError::bad("stop", "`stop` must hold strings")))
+            .collect::<ApiResult<_>>()?,
+        Some(v) => {
+            return Err(ApiError::bad("stop", format!("`stop` must be a string or a list of strings, got {}", kind(v))))
+        }
+    };
+    if list.len() > MAX_STOP {
+        return Err(ApiError::bad("stop", format!("at most {MAX_STOP} stop sequences, got {}", list.len())));
+    }
+    if list.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::bad("stop", "a stop sequence is empty"));
+    }
+    Ok(list)
+}
+
+/// Fields both endpoints share.
+fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) -> ApiResult<Params> {
+    let model = match field(m, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => return Err(ApiError::bad("model", format!("`model` must be a string, got {}", kind(v)))),
+    };
+    for key in ["presence_penalty", "frequency_penalty"] {
+        if num(m, key, |x| (-2.0..=2.0).contains(&x), "between -2 and 2")?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::bad(key, format!("`{key}` other than 0 is not supported by this server")));
+        }
+    }
+    int(m, "best_of", 1, 1)?; // only the default
+    let stream_options = match field(m, "stream_options") {
+        None => None,
+        Some(Value::Object(o)) => Some(o),
+        Some(v) => {
+            return Err(ApiError::bad("stream_options", format!("`stream_options` must be an object, got {}", kind(v))))
+        }
+    };
+    let stream = boolean(m, "stream")?;
+    if stream_options.is_some() && !stream {
+        return Err(ApiError::bad("stream_options", "`stream_options` is only allowed with `stream: true`"));
+    }
+    let include_usage = match stream_options {
+        Some(o) => boolean(o, "include_usage").map_err(|mut e| {
+            e.param = Some("stream_options.include_usage".into());
+            e
+        })?,
+        None => false,
+    };
+    let max_tokens = match int(m, max_tokens_key, 1, i64::from(u32::MAX))? {
+        Some(n) => Some(n as usize),
+        None if max_tokens_key == "max_completion_tokens" => {
+            int(m, "max_tokens", 1, i64::from(u32::MAX))?.map(|n| n as usize)
+        }
+        None => None,
+    };
+    Ok(Params {
+        model,
+        prompts,
+        max_tokens,
+        temperature: num(m, "temperature", |x| (0.0..=2.0).contains(&x), "between 0 and 2")?.unwrap_or(1.0) as f32,
+        top_p: num(m, "top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?.unwrap_or(1.0) as f32,
+        top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.map_or(0, |k| k.max(0) as usize),
+        seed: int(m, "seed", 0, i64::MAX)?.unwrap_or(0) as u64,
+        stop: stop(m)?,
+        echo: false,
+        logprobs: None,
+        n: int(m, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize,
+        ignore_eos: boolean(m, "ignore_eos")?,
+        stream,
+        include_usage,
+    })
+}
+
+/// `/v1/completions`.
+pub fn completion(m: &Map<String, Value>) -> ApiResult<Params> {
+    let mut p = common(m, prompts(m)?, "max_tokens")?;
+    p.echo = boolean(m, "echo")?;
+    p.logprobs = int(m, "logprobs", 0, MAX_LOGPROBS as i64)?.map(|k| k as usize);
+    if p.echo && p.logprobs.is_some() {
+        return Err(ApiError::bad(
+            "echo",
+            "`echo` together with `logprobs` (prompt log-probabilities) is not supported",
+        ));
+    }
+    Ok(p)
+}
+
+/// One chat message.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// `/v1/chat/completions`: the messages rendered with [`chat_template`].
+pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
+    let msgs = field(m, "messages").ok_or_else(|| ApiError::bad("messages", "`messages` is required"))?;
+    let arr = msgs
+        .as_array()
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| ApiError::bad("messages", "`messages` must be a non-empty list of {role, content}"))?;
+    let mut messages = vec![];
+    for (i, msg) in arr.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let o = msg.as_object().ok_or_else(|| ApiError::bad(&param, format!("{param} must be an object")))?;
+        let role = o.get("role").and_then(Value::as_str).unwrap_or_default();
+        if !["system", "developer", "user", "assistant"].contains(&role) {
+            return Err(ApiError::bad(
+                &format!("{param}.role"),
+                format!("{param}.role must be system, developer, user or assistant, got {:?}", o.get("role")),
+            ));
+        }
+        let content = match o.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => Ok(t.to_string()),
+                    _ => Err(ApiError::bad(&format!("{param}.content"), "only text content parts are supported")),
+                })
+                .collect::<ApiResult<Vec<_>>>()?
+                .join(""),
+            _ => return Err(ApiError::bad(&format!("{param}.content"), format!("{param}.content must be a string"))),
+        };
+        messages.push(Message { role: role.to_string(), content });
+    }
+    let mut p = common(m, vec![Prompt::Text(chat_template(&messages))], "max_completion_tokens")?;
+    if boolean(m, "logprobs")? {
+        p.logprobs = Some(int(m, "top_logprobs", 0, MAX_LOGPROBS as i64)?.unwrap_or(0) as usize);
+    } else if field(m, "top_logprobs").is_some() {
+        return Err(ApiError::bad("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    p.stop.insert(0, CHAT_STOP.to_string());
+    Ok(p)
+}
+
+/// Where a chat answer ends even without a stop of the client's: the next turn's label.
+pub const CHAT_STOP: &str = "\nUser:";
+
+/// GPT-2 has no chat template of its own; this plain one is documented in README.md:
+/// system messages first, as paragraphs; then `User: …` and `Assistant: …` lines; then
+/// `Assistant:` for the answer.
+pub fn chat_template(messages: &[Message]) -> String {
+    let mut s = String::new();
+    for m in messages.iter().filter(|m| m.role == "system" || m.role == "developer") {
+        s.push_str(m.content.trim());
+        s.push_str("\n\n");
+    }
+    for m in messages.iter().filter(|m| m.role == "user" || m.role == "assistant") {
+        s.push_str(if m.role == "user" { "User: " } else { "Assistant: " });
+        s.push_str(m.content.trim());
+        s.push('\n');
+    }
+    s.push_str("Assistant:");
+    s
+}
+
+/// `/tokenize`: `{"content": text}` (llama.cpp) or `{"prompt": text}`.
+pub fn text_field(m: &Map<String, Value>) -> ApiResult<String> {
+    match field(m, "content").or_else(|| field(m, "prompt")) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(v) => Err(ApiError::bad("content", format!("`content` must be a string, got {}", kind(v)))),
+        None => Err(ApiError::bad("content", "`content` is required")),
+    }
+}
+
+/// `/detokenize`: `{"tokens": [ids]}`.
+pub fn tokens_field(m: &Map<String, Value>) -> ApiResult<Vec<u32>> {
+    ids(field(m, "tokens").ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?, "tokens")
+}
