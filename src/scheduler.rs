@@ -196,7 +196,7 @@ impl Engine {
             if self.running.is_empty() && self.waiting.is_empty() {
                 continue;
             }
-            self.admit();
+            self.admit(monitor);
             if let Err(e) = self.step(monitor) {
                 // A step that fails fails every sequence in it; the engine goes on.
                 for mut r in self.running.drain(..) {
@@ -222,11 +222,13 @@ impl Engine {
     }
 
     /// Moves waiting requests into free slots, each starting from its longest cached prefix.
-    fn admit(&mut self) {
+    fn admit(&mut self, monitor: &mut dyn Monitor) {
         while self.running.len() < self.cfg.parallel {
             let Some((mut req, at)) = self.waiting.pop_front() else { break };
             self.queued.fetch_sub(1, Ordering::Relaxed);
             if req.client.gone() {
+                let usage = Usage { prompt_tokens: req.prompt.len(), queue: at.elapsed(), ..Usage::default() };
+                monitor.finished(&usage, true);
                 continue;
             }
             let admitted = Instant::now();

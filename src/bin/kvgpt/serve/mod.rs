@@ -11,7 +11,7 @@ use crate::{load, ModelArgs};
 use anyhow::{Context, Result};
 use api::{ApiError, ApiResult, Params, Prompt};
 use axum::body::{Body, Bytes};
-use axum::extract::{Request as HttpRequest, State};
+use axum::extract::{MatchedPath, Request as HttpRequest, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -211,7 +211,15 @@ async fn shutdown_signal() {
     eprintln!("kvgpt serve: shutting down, finishing the requests in flight");
 }
 
+/// Checks the API key and counts every response by endpoint and status.
 async fn auth(State(app): State<Shared>, req: HttpRequest, next: Next) -> Response {
+    let endpoint = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_string();
+    let resp = check_key(&app, req, next).await;
+    app.metrics.request(&endpoint, resp.status().as_u16());
+    resp
+}
+
+async fn check_key(app: &App, req: HttpRequest, next: Next) -> Response {
     if let Some(key) = &app.api_key {
         let ok = req
             .headers()
@@ -220,7 +228,6 @@ async fn auth(State(app): State<Shared>, req: HttpRequest, next: Next) -> Respon
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|k| k == key);
         if !ok && req.uri().path() != "/health" {
-            app.metrics.request(req.uri().path(), 401);
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
@@ -320,15 +327,12 @@ async fn chat_completions(State(app): State<Shared>, body: Body) -> Response {
 }
 
 async fn respond(app: Shared, body: Body, ep: Endpoint) -> Response {
-    let path = if ep == Endpoint::Chat { "/v1/chat/completions" } else { "/v1/completions" };
     let out = match start(&app, body, ep).await {
         Ok(job) if job.params.stream => Ok(stream(app.clone(), job)),
         Ok(job) => collect(&app, job).await.map(|v| Json(v).into_response()),
         Err(e) => Err(e),
     };
-    let resp = out.unwrap_or_else(|e| e.into_response());
-    app.metrics.request(path, resp.status().as_u16());
-    resp
+    out.unwrap_or_else(|e| e.into_response())
 }
 
 /// A request split into sequences: prompt `i`, choice `j` is `seqs[i * n + j]`.
@@ -472,10 +476,10 @@ fn logprobs_json(ep: Endpoint, tok: &Tokenizer, tokens: &[(u32, TokenLogprob)], 
                 off += tok.token_text(*id).len();
             }
             json!({
-                "tokens": tokens.iter().map(|(id, _)| tok.token_text(*id)).collect::<Vec<_>>(),
+                "tokens": tokens.iter().map(|(id, _)| tok.token_label(*id)).collect::<Vec<_>>(),
                 "token_logprobs": tokens.iter().map(|(_, l)| l.logprob).collect::<Vec<_>>(),
                 "top_logprobs": tokens.iter().map(|(_, l)| {
-                    l.top.iter().map(|(i, lp)| (tok.token_text(*i), json!(lp))).collect::<serde_json::Map<_, _>>()
+                    l.top.iter().map(|(i, lp)| (tok.token_label(*i), json!(lp))).collect::<serde_json::Map<_, _>>()
                 }).collect::<Vec<_>>(),
                 "text_offset": offsets,
                 "token_ids": tokens.iter().map(|(id, _)| id).collect::<Vec<_>>(),
@@ -483,7 +487,7 @@ fn logprobs_json(ep: Endpoint, tok: &Tokenizer, tokens: &[(u32, TokenLogprob)], 
         }
         Endpoint::Chat => {
             let entry =
-                |id: u32, lp: f64| json!({"token": tok.token_text(id), "logprob": lp, "bytes": tok.token_bytes(id)});
+                |id: u32, lp: f64| json!({"token": tok.token_label(id), "logprob": lp, "bytes": tok.token_bytes(id)});
             json!({"content": tokens.iter().map(|(id, l)| {
                 let mut e = entry(*id, l.logprob);
                 e["top_logprobs"] = l.top.iter().map(|(i, lp)| entry(*i, *lp)).collect();

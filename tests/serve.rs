@@ -1,0 +1,461 @@
+//! `kvgpt serve` over real HTTP on an ephemeral loopback port, against the fixture: answers equal
+//! Hugging Face's greedy continuations and `kvgpt generate` bit for bit (ids, text, logprobs),
+//! cold, warm, batched and after eviction; every bad request gets its status and error JSON while
+//! the server keeps serving; a client that disconnects frees its slot; SIGTERM drains.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let model = fixture_dir().display().to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+            .args(["serve", "--model", &model, "--port", "0", "-t", "2"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let base = loop {
+            let line = lines.next().expect("the server printed its address").unwrap();
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let s = Server { child, base };
+        let t0 = Instant::now();
+        while s.get("/health").0 != 200 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "the server did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        s
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        match ureq::get(&format!("{}{path}", self.base)).call() {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => panic!("GET {path}: {e}"),
+        }
+    }
+
+    fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, Value, Option<String>) {
+        let mut req = ureq::post(&format!("{}{path}", self.base)).set("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.set("authorization", &format!("Bearer {k}"));
+        }
+        let (code, r) = match req.send_string(body) {
+            Ok(r) => (r.status(), r),
+            Err(ureq::Error::Status(code, r)) => (code, r),
+            Err(e) => panic!("POST {path}: {e}"),
+        };
+        let retry = r.header("retry-after").map(str::to_string);
+        let text = r.into_string().unwrap();
+        (code, serde_json::from_str(&text).unwrap_or(Value::String(text)), retry)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (c, v, _) = self.post_raw(path, &body.to_string(), None);
+        (c, v)
+    }
+
+    /// A completion that must succeed.
+    fn complete(&self, body: &Value) -> Value {
+        let (code, v) = self.post("/v1/completions", body);
+        assert_eq!(code, 200, "{v}");
+        v
+    }
+
+    /// A streamed completion: the parsed `data:` events, up to `[DONE]` (which must come).
+    fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
+        let r = ureq::post(&format!("{}{path}", self.base)).send_string(&body.to_string()).unwrap();
+        assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
+        let mut events = vec![];
+        for line in BufReader::new(r.into_reader()).lines() {
+            let line = line.unwrap();
+            if let Some(data) = line.strip_prefix("data: ") {
+                if data == "[DONE]" {
+                    return events;
+                }
+                events.push(serde_json::from_str(data).unwrap());
+            }
+        }
+        panic!("the stream ended without [DONE]");
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics");
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "the server did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+/// `kvgpt generate --json` with these flags.
+fn generate(args: &[&str]) -> Value {
+    let model = fixture_dir().display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["generate", "--model", &model, "--json", "-t", "2"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// (ids, logprob, [(top id, top logprob)]) of a completion choice's logprobs.
+fn choice_logprobs(choice: &Value) -> (Vec<u32>, Vec<f64>, Vec<Vec<f64>>) {
+    let lp = &choice["logprobs"];
+    let ids = ids_of(&lp["token_ids"]);
+    let lps = lp["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    let tops = lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let mut v: Vec<f64> = m.as_object().unwrap().values().map(|x| x.as_f64().unwrap()).collect();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v
+        })
+        .collect();
+    (ids, lps, tops)
+}
+
+#[test]
+fn completions_equal_hf_and_generate_bit_for_bit() {
+    let s = Server::start(&[]);
+    let reference = Reference::load();
+    let (_, models) = s.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    let name = models["data"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(models["data"][0]["max_model_len"], 128);
+    // Greedy: Hugging Face's continuation of every reference prompt, as text and as token ids.
+    for p in reference.prompts() {
+        let n = p.greedy_ids.len();
+        let v = s.complete(&json!({"model": name, "prompt": p.text, "max_tokens": n, "temperature": 0,
+            "ignore_eos": true, "logprobs": 0}));
+        let c = &v["choices"][0];
+        assert_eq!(c["text"], p.greedy_text, "{}", p.key);
+        assert_eq!(ids_of(&c["logprobs"]["token_ids"]), p.greedy_ids, "{}", p.key);
+        assert_eq!(c["finish_reason"], "length");
+        assert_eq!(v["usage"]["prompt_tokens"], p.ids.len());
+        assert_eq!(v["usage"]["completion_tokens"], n);
+    }
+    // Token-id prompts give the same as their text.
+    let p = &reference.prompts()[1];
+    let by_ids = s.complete(&json!({"prompt": p.ids, "max_tokens": 8, "temperature": 0, "ignore_eos": true}));
+    assert_eq!(
+        by_ids["choices"][0]["text"].as_str().unwrap(),
+        &p.greedy_text[..by_ids["choices"][0]["text"].as_str().unwrap().len()]
+    );
+    // Seeded sampling and logprobs: the same bits as `kvgpt generate`.
+    for (prompt, flags) in [
+        ("The cat sat on", json!({"temperature": 0.8, "top_k": 40, "top_p": 0.95, "seed": 7})),
+        ("Hello, world!", json!({"temperature": 1.3, "seed": 123})),
+        ("a", json!({"temperature": 0})),
+    ] {
+        let mut args = vec!["-n".to_string(), "24".into(), "--ignore-eos".into(), "--logprobs".into(), "3".into()];
+        let temp = flags["temperature"].as_f64().unwrap();
+        if temp > 0.0 {
+            args.extend(["--temperature".into(), temp.to_string(), "--seed".into(), flags["seed"].to_string()]);
+        }
+        if let Some(k) = flags.get("top_k") {
+            args.extend(["--top-k".into(), k.to_string()]);
+        }
+        if let Some(pp) = flags.get("top_p") {
+            args.extend(["--top-p".into(), pp.to_string()]);
+        }
+        args.push(prompt.to_string());
+        let cli = generate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut body = json!({"prompt": prompt, "max_tokens": 24, "ignore_eos": true, "logprobs": 3});
+        for (k, v) in flags.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let v = s.complete(&body);
+        let c = &v["choices"][0];
+        assert_eq!(c["text"], cli["text"], "{prompt}: text");
+        let (ids, lps, tops) = choice_logprobs(c);
+        assert_eq!(ids, ids_of(&cli["generated_ids"]), "{prompt}: ids");
+        let cli_lps: Vec<f64> =
+            cli["logprobs"].as_array().unwrap().iter().map(|e| e["logprob"].as_f64().unwrap()).collect();
+        assert_eq!(lps, cli_lps, "{prompt}: logprobs, bit for bit");
+        for (t, e) in tops.iter().zip(cli["logprobs"].as_array().unwrap()) {
+            let want: Vec<f64> = e["top"].as_array().unwrap().iter().map(|x| x["logprob"].as_f64().unwrap()).collect();
+            assert_eq!(t, &want, "{prompt}: top logprobs");
+        }
+        // Streamed: the chunks concatenate to the same text, with the same logprobs.
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let events = s.stream("/v1/completions", &body);
+        let text: String = events.iter().filter_map(|e| e["choices"][0]["text"].as_str()).collect();
+        assert_eq!(text, c["text"].as_str().unwrap(), "{prompt}: streamed text");
+        let streamed_lps: Vec<f64> = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["logprobs"]["token_logprobs"].as_array())
+            .flatten()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(streamed_lps, lps, "{prompt}: streamed logprobs");
+        let last = events.last().unwrap();
+        assert_eq!(last["choices"], json!([]));
+        assert_eq!(last["usage"]["completion_tokens"], 24);
+        assert_eq!(events[events.len() - 2]["choices"][0]["finish_reason"], "length");
+    }
+    // n choices use seeds seed, seed+1, …; echo puts the prompt first; stop cuts before the stop.
+    let v = s.complete(&json!({"prompt": "The cat sat on", "max_tokens": 10, "n": 2, "seed": 5, "temperature": 1.0, "ignore_eos": true}));
+    let second = generate(&["-n", "10", "--ignore-eos", "--temperature", "1", "--seed", "6", "The cat sat on"]);
+    assert_eq!(v["choices"][1]["text"], second["text"]);
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    let greedy = &reference.prompts()[0];
+    let v = s.complete(
+        &json!({"prompt": greedy.text, "max_tokens": 10, "temperature": 0, "echo": true, "ignore_eos": true}),
+    );
+    assert!(v["choices"][0]["text"].as_str().unwrap().starts_with(&format!(
+        "{}{}",
+        greedy.text,
+        &greedy.greedy_text[..4]
+    )));
+    let stop = &greedy.greedy_text[6..9];
+    let v = s.complete(
+        &json!({"prompt": greedy.text, "max_tokens": 20, "temperature": 0, "stop": [stop], "ignore_eos": true}),
+    );
+    let cut = &greedy.greedy_text[..greedy.greedy_text.find(stop).unwrap()];
+    assert_eq!(v["choices"][0]["text"], cut);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    // Chat: the documented template, streamed and not.
+    let msgs = json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]);
+    let v = s.post("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 12, "temperature": 0})).1;
+    let prompt = "You are terse.\n\nUser: Hi\nAssistant:";
+    let plain = s.complete(&json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": ["\nUser:"]}));
+    assert_eq!(
+        v["choices"][0]["message"]["content"].as_str().unwrap(),
+        plain["choices"][0]["text"].as_str().unwrap().trim_start()
+    );
+    assert_eq!(v["object"], "chat.completion");
+    let events = s
+        .stream("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 12, "temperature": 0, "stream": true}));
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = events.iter().filter_map(|e| e["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, v["choices"][0]["message"]["content"].as_str().unwrap());
+    // Tokenize against HF's ids; detokenize back.
+    let (_, t) = s.post("/tokenize", &json!({"content": greedy.text}));
+    assert_eq!(ids_of(&t["tokens"]), greedy.ids);
+    let (_, d) = s.post("/detokenize", &json!({"tokens": greedy.ids}));
+    assert_eq!(d["content"], greedy.text);
+    assert!(s.terminate().success());
+}
+
+#[test]
+fn prompt_cache_is_bit_identical_cold_warm_batched_and_evicted() {
+    // 1 MB of prompt cache: at 1 KB of K/V per position (2 layers × K,V × 64 × f32) ~1000 positions.
+    let s = Server::start(&["--cache-mb", "1", "--parallel", "8"]);
+    let reference = Reference::load();
+    let p2 = reference.prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let system: Vec<u32> = p2.ids[..70].to_vec();
+    let request = |q: &[u32], seed: u64| {
+        let mut prompt = system.clone();
+        prompt.extend_from_slice(q);
+        json!({"prompt": prompt, "max_tokens": 16, "temperature": 0.9, "seed": seed, "ignore_eos": true, "logprobs": 2})
+    };
+    let key = |v: &Value| (v["choices"][0]["text"].clone(), choice_logprobs(&v["choices"][0]));
+    let question = &p2.ids[70..76];
+    let cold = s.complete(&request(question, 3));
+    assert_eq!(cold["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let warm = s.complete(&request(question, 3));
+    assert_eq!(warm["usage"]["prompt_tokens_details"]["cached_tokens"], 75, "all but the last prompt token");
+    assert_eq!(warm["usage"]["timings"]["cache_n"], 75);
+    assert_eq!(warm["usage"]["timings"]["prompt_n"], 1);
+    assert_eq!(key(&warm), key(&cold), "warm = cold");
+    // Batched with 7 others of different lengths, all in flight at once.
+    let others: Vec<Vec<u32>> = (0..7).map(|i| p2.ids[60 + i..70 + 2 * i].to_vec()).collect();
+    let (srv, req) = (&s, &request);
+    let answers: Vec<Value> = std::thread::scope(|sc| {
+        let mut hs = vec![sc.spawn(move || srv.complete(&req(question, 3)))];
+        for o in &others {
+            hs.push(sc.spawn(move || srv.complete(&req(o, 11))));
+        }
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(key(&answers[0]), key(&cold), "batched = cold");
+    for a in &answers[1..] {
+        let c = a["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        assert!(c >= 70, "another question after the shared system prompt reuses it ({c} cached)");
+    }
+    // Each of the others alone (the first of them is evicted by now or soon) equals its batched answer.
+    // Then prompts unrelated to the system prompt push it out of the 1 MB cache.
+    for k in 0..12u32 {
+        let unrelated: Vec<u32> = (0..110).map(|i| 1000 + k * 200 + i).collect();
+        s.complete(&json!({"prompt": unrelated, "max_tokens": 4, "temperature": 0}));
+    }
+    assert!(s.metric("kvgpt_prompt_cache_evictions_total") > 0.0, "the metrics show evictions");
+    assert!(s.metric("kvgpt_prompt_cache_bytes") <= (1 << 20) as f64);
+    let evicted = s.complete(&request(question, 3));
+    assert!(evicted["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() < 70, "the entry was evicted");
+    assert_eq!(key(&evicted), key(&cold), "after eviction = cold");
+    for (o, batched) in others.iter().zip(&answers[1..]) {
+        assert_eq!(key(&s.complete(&request(o, 11))), key(batched), "alone = batched");
+    }
+    // A server with no prompt cache at all gives the same again.
+    drop(s);
+    let s = Server::start(&["--cache-mb", "0"]);
+    let none = s.complete(&request(question, 3));
+    assert_eq!(none["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(key(&none), key(&cold), "no cache = cold");
+}
+
+/// (path, body, status, error.param, error.code)
+type BadCase = (&'static str, String, u16, Option<&'static str>, Option<&'static str>);
+
+#[test]
+fn bad_requests_get_error_json_and_the_server_keeps_serving() {
+    let s = Server::start(&["--max-queue", "2", "--max-body-bytes", "100000"]);
+    let good = json!({"prompt": "The cat", "max_tokens": 3, "temperature": 0});
+    let long: Vec<u32> = vec![464; 120];
+    let cases: Vec<BadCase> = vec![
+        ("/v1/completions", "{not json".into(), 400, None, None),
+        ("/v1/completions", "[1, 2]".into(), 400, None, None),
+        ("/v1/completions", json!({"max_tokens": 3}).to_string(), 400, Some("prompt"), None),
+        ("/v1/completions", json!({"prompt": "x", "max_tokens": "three"}).to_string(), 400, Some("max_tokens"), None),
+        ("/v1/completions", json!({"prompt": "x", "max_tokens": -1}).to_string(), 400, Some("max_tokens"), None),
+        ("/v1/completions", json!({"prompt": "x", "temperature": 5}).to_string(), 400, Some("temperature"), None),
+        ("/v1/completions", json!({"prompt": "x", "top_p": 0}).to_string(), 400, Some("top_p"), None),
+        ("/v1/completions", json!({"prompt": "x", "n": 100}).to_string(), 400, Some("n"), None),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": 99}).to_string(), 400, Some("logprobs"), None),
+        ("/v1/completions", json!({"prompt": "x", "stop": [1]}).to_string(), 400, Some("stop"), None),
+        ("/v1/completions", json!({"prompt": [1, 99999999]}).to_string(), 400, Some("prompt"), None),
+        ("/v1/completions", json!({"prompt": [50257]}).to_string(), 400, Some("prompt"), None),
+        ("/v1/completions", json!({"prompt": "x", "stream": "yes"}).to_string(), 400, Some("stream"), None),
+        (
+            "/v1/completions",
+            json!({"prompt": long, "max_tokens": 50}).to_string(),
+            400,
+            Some("max_tokens"),
+            Some("context_length_exceeded"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "model": "gpt-4"}).to_string(),
+            404,
+            Some("model"),
+            Some("model_not_found"),
+        ),
+        ("/v1/completions", json!({"prompt": "x".repeat(200_000)}).to_string(), 413, None, Some("request_too_large")),
+        ("/v1/completions", json!({"prompt": "x", "n": 3}).to_string(), 503, None, Some("queue_full")),
+        ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, Some("messages"), None),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "robot", "content": "x"}]}).to_string(),
+            400,
+            Some("messages[0].role"),
+            None,
+        ),
+        ("/v1/nothing", "{}".into(), 404, None, Some("not_found")),
+    ];
+    for (path, body, status, param, code) in cases {
+        let (got, v, retry) = s.post_raw(path, &body, None);
+        assert_eq!(got, status, "{path} {}: {v}", &body[..body.len().min(80)]);
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{v}");
+        }
+        if let Some(c) = code {
+            assert_eq!(e["code"], c, "{v}");
+        }
+        if status == 503 {
+            assert_eq!(retry.as_deref(), Some("1"), "503 says when to retry");
+        }
+        if code == Some("context_length_exceeded") {
+            let m = e["message"].as_str().unwrap();
+            assert!(m.contains("128") && m.contains("120") && m.contains("50"), "the numbers: {m}");
+        }
+        // And the server still answers a good request.
+        assert_eq!(s.post("/v1/completions", &good).0, 200);
+    }
+    assert!(s.metric("kvgpt_requests_total") >= 40.0);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let s = Server::start(&["--api-key", "sesame"]);
+    let body = json!({"prompt": "x", "max_tokens": 2}).to_string();
+    let (code, v, _) = s.post_raw("/v1/completions", &body, None);
+    assert_eq!((code, v["error"]["code"].as_str()), (401, Some("invalid_api_key")));
+    assert_eq!(s.post_raw("/v1/completions", &body, Some("wrong")).0, 401);
+    assert_eq!(s.post_raw("/v1/completions", &body, Some("sesame")).0, 200);
+    assert_eq!(s.get("/health").0, 200, "health needs no key");
+    assert_eq!(s.get("/metrics").0, 401);
+}
+
+#[test]
+fn a_client_that_disconnects_frees_its_slot_and_sigterm_drains() {
+    let s = Server::start(&["--parallel", "1"]);
+    // Eight choices of 100 tokens in one slot: they run one after another. Read one event, hang up.
+    let body = json!({"prompt": "The cat", "max_tokens": 100, "n": 8, "ignore_eos": true, "stream": true});
+    let r = ureq::post(&format!("{}/v1/completions", s.base)).send_string(&body.to_string()).unwrap();
+    let mut reader = BufReader::new(r.into_reader());
+    let mut first = String::new();
+    reader.read_line(&mut first).unwrap();
+    assert!(first.starts_with("data: "));
+    drop(reader);
+    let t0 = Instant::now();
+    while s.metric("kvgpt_sequences_cancelled_total") < 1.0 || s.metric("kvgpt_requests_running") > 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the cancelled sequences were not freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let generated = s.metric("kvgpt_generated_tokens_total");
+    assert!(generated < 800.0, "the cancelled choices did not all run ({generated} tokens)");
+    // The slot is free: the next request is served.
+    assert_eq!(s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
+    // SIGTERM while a stream is in flight: the stream still ends with [DONE], then the process exits 0.
+    let body = json!({"prompt": "The cat", "max_tokens": 100, "n": 3, "ignore_eos": true, "stream": true});
+    let r = ureq::post(&format!("{}/v1/completions", s.base)).send_string(&body.to_string()).unwrap();
+    let mut reader = BufReader::new(r.into_reader());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    Command::new("kill").args(["-TERM", &s.child.id().to_string()]).status().unwrap();
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "the stream in flight finished");
+    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 3);
+    assert!(s.terminate().success());
+}
