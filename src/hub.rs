@@ -24,6 +24,16 @@ pub enum TokenizerFiles {
     VocabMerges { vocab: PathBuf, merges: PathBuf },
 }
 
+impl TokenizerFiles {
+    /// The files read.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        match self {
+            TokenizerFiles::Json(p) => vec![p.clone()],
+            TokenizerFiles::VocabMerges { vocab, merges } => vec![vocab.clone(), merges.clone()],
+        }
+    }
+}
+
 /// How to find a model named on the command line.
 #[derive(Clone, Debug)]
 pub struct Locate {

@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod kv_cache;
 pub mod model;
 pub mod prefix_cache;
+pub mod prompt_file;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;

@@ -235,6 +235,34 @@ impl Model {
         self
     }
 
+    /// A fingerprint of the weights (FNV-1a over the shape, `wpe`, every LayerNorm and bias, and
+    /// the first eight token embeddings): what a prompt cache file records to refuse another
+    /// model's K/V.
+    pub fn fingerprint(&self) -> u64 {
+        use crate::prompt_file::{fnv1a, FNV_OFFSET};
+        let cfg = &self.config;
+        let floats = |h: u64, x: &[f32]| x.iter().fold(h, |h, f| fnv1a(h, &f.to_bits().to_le_bytes()));
+        let mut h = FNV_OFFSET;
+        for n in [cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_inner, cfg.n_positions, cfg.vocab_size] {
+            h = fnv1a(h, &(n as u64).to_le_bytes());
+        }
+        h = floats(h, &self.wpe);
+        let mut col = vec![0.0; cfg.n_embd];
+        for id in 0..8.min(cfg.vocab_size) {
+            self.wte.column_into(id, &mut col);
+            h = floats(h, &col);
+        }
+        for b in &self.h {
+            for ln in [&b.ln_1, &b.ln_2] {
+                h = floats(floats(h, &ln.weight), &ln.bias);
+            }
+            for c in [&b.c_attn, &b.attn_c_proj, &b.c_fc, &b.mlp_c_proj] {
+                h = floats(h, &c.bias);
+            }
+        }
+        floats(floats(h, &self.ln_f.weight), &self.ln_f.bias)
+    }
+
     /// The dtype the weights are held in for computation.
     pub fn weights_dtype(&self) -> &'static str {
         self.dtype.name()

@@ -4,9 +4,10 @@ use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs,
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::inspect::top_k;
-use kvgpt::{generate, FinishReason, GenerateOptions, Sampling, StreamDecoder, Tokenizer};
+use kvgpt::{generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -43,6 +44,10 @@ pub struct GenerateArgs {
     /// Print one JSON object on stdout instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Reuse the K/V of the longest prefix this file holds and compute only the rest (the same
+    /// bits as without it), then save this prompt's K/V there (created if missing).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_cache")]
+    pub prompt_cache: Option<PathBuf>,
 }
 
 fn sampling(a: &GenerateArgs) -> Result<Sampling> {
@@ -89,6 +94,18 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         use_cache: !a.no_cache,
     };
     kvgpt::generate::check_context(model, ids.len(), opts.max_new_tokens)?;
+    let mut seq = Sequence::new(model, &ids, opts.max_new_tokens, opts.sampling)?;
+    let mut saved_ids = None;
+    if let Some(file) = &a.prompt_cache {
+        refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
+        if file.exists() {
+            let saved = prompt_file::load(file, model)?;
+            let reuse = prompt_file::reusable(&saved, &ids);
+            seq.restore(&saved.kv, 0, reuse)?;
+            saved_ids = Some(saved.ids);
+        }
+    }
+    let reused = seq.cache().len();
 
     let mut stdout = std::io::stdout().lock();
     let mut stream = StreamDecoder::default();
@@ -96,7 +113,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         write!(stdout, "{prompt}").and_then(|_| stdout.flush())?;
     }
     let mut logprobs = Vec::new();
-    let g = generate(model, &ids, &opts, &mut |id, logits| {
+    let g = generate_from(model, &mut seq, &opts, &mut |id, logits| {
         if let Some(k) = a.logprobs {
             logprobs.push(logprob_entry(tok, id, logits, k));
         }
@@ -108,6 +125,11 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             .and_then(|_| stdout.flush())
             .map_err(|e| kvgpt::Error::Invalid(format!("could not write to standard output: {e}")))
     })?;
+    if let Some(file) = &a.prompt_cache {
+        if saved_ids.as_deref() != Some(&ids[..]) {
+            prompt_file::save(file, model, &ids, seq.cache())?;
+        }
+    }
     let shown: &[u32] = match g.finish_reason {
         FinishReason::Eos => &g.generated_ids[..g.generated_ids.len() - 1],
         FinishReason::Length => &g.generated_ids,
@@ -124,6 +146,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             "text": tok.decode(shown),
             "finish_reason": g.finish_reason.as_str(),
             "use_cache": opts.use_cache,
+            "prompt_cache": a.prompt_cache.as_ref().map(|f| json!({"file": f, "reused_tokens": reused})),
             "timings": {
                 "load_ms": load_ms,
                 "prefill_ms": prefill_ms,
@@ -162,6 +185,9 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             }
         }
     }
+    if let Some(f) = &a.prompt_cache {
+        eprintln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
+    }
     let per_tok = if t.decode_steps > 0 { decode_ms / t.decode_steps as f64 } else { 0.0 };
     eprintln!(
         "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
@@ -192,4 +218,26 @@ pub fn tokenize(a: &Input) -> Result<Outcome> {
         }
     }
     Ok(Outcome::Done)
+}
+
+/// Refuses an output path that is one of the files the command reads.
+pub fn refuse_input_path(
+    out: &std::path::Path,
+    files: &kvgpt::ModelFiles,
+    prompt_file: Option<&std::path::Path>,
+) -> Result<()> {
+    let Ok(target) = out.canonicalize() else { return Ok(()) }; // a new file cannot be an input
+    let mut inputs = vec![files.config.clone(), files.weights.clone()];
+    inputs.extend(files.tokenizer.paths());
+    inputs.extend(prompt_file.map(std::path::Path::to_path_buf));
+    for input in inputs {
+        if input.canonicalize().is_ok_and(|p| p == target) {
+            bail!(
+                "{} is one of this command's inputs ({}); choose another output file",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
 }
