@@ -47,6 +47,25 @@ pub enum Error {
     #[error("{0}")]
     Hub(String),
 
+    #[error(
+        "{id}/{file} is not in the local Hugging Face cache ({}) and offline mode is on; go online once, \
+         or use a local model folder (config.json, model.safetensors, tokenizer.json)",
+        cache_dir.display()
+    )]
+    NotCached { id: String, file: String, cache_dir: PathBuf },
+
+    #[error(
+        "could not fetch {id}/{file} from the Hugging Face Hub ({reason}); without the Hub, use a local \
+         model folder (config.json, model.safetensors, tokenizer.json)"
+    )]
+    HubFetch { id: String, file: String, reason: String },
+
+    #[error("{spec} is not a model: {why}")]
+    NotAModel { spec: String, why: String },
+
+    #[error("{file} holds {} tensors; name the one to compare ({})", names.len(), names.join(", "))]
+    WhichTensor { file: PathBuf, names: Vec<String> },
+
     #[error("{0}")]
     Invalid(String),
 }

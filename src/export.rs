@@ -99,9 +99,9 @@ pub fn read(path: &Path, name: Option<&str>) -> Result<(Vec<usize>, Vec<f32>)> {
         Some(n) => n.to_string(),
         None if names.len() == 1 => names[0].to_string(),
         None => {
-            let mut all: Vec<&str> = names.iter().map(|s| s.as_ref()).collect();
+            let mut all: Vec<String> = names.iter().map(|s| s.to_string()).collect();
             all.sort();
-            return Err(bad(format!("holds {} tensors; name one with --tensor ({})", all.len(), all.join(", "))));
+            return Err(Error::WhichTensor { file: path.to_path_buf(), names: all });
         }
     };
     let t = st.tensor(&name).map_err(|_| bad(format!("no tensor named {name}")))?;

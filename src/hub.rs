@@ -66,15 +66,19 @@ impl Locate {
             return local_folder(path);
         }
         if path.exists() {
-            return Err(Error::Invalid(format!(
-                "--model {spec} is a file; pass the folder that holds config.json, model.safetensors and tokenizer.json"
-            )));
+            return Err(Error::NotAModel {
+                spec: spec.into(),
+                why: "it is a file; a model is the folder that holds config.json, model.safetensors and tokenizer.json"
+                    .into(),
+            });
         }
         let looks_like_path = spec.starts_with(['.', '/', '~']) || spec.matches('/').count() > 1 || spec.contains('\\');
         if looks_like_path {
-            return Err(Error::MissingFile {
-                path: path.into(),
-                hint: "--model takes a folder (config.json, model.safetensors, tokenizer.json) or a hub id like distilbert/distilgpt2".into(),
+            return Err(Error::NotAModel {
+                spec: spec.into(),
+                why: "not found; a model is a folder (config.json, model.safetensors, tokenizer.json) or a hub id \
+                      like distilbert/distilgpt2"
+                    .into(),
             });
         }
         self.hub(spec)
@@ -98,25 +102,14 @@ impl Locate {
                 return Ok(p);
             }
             let Some(repo) = &api else {
-                return Err(Error::Hub(format!(
-                    "{id}/{file} is not in the local Hugging Face cache ({}) and offline mode is on \
-                     (--offline or HF_HUB_OFFLINE); run once online, or pass a local folder with \
-                     --model /path/to/folder (config.json, model.safetensors, tokenizer.json)",
-                    self.cache_dir.display()
-                )));
+                return Err(Error::NotCached { id: id.into(), file: file.into(), cache_dir: self.cache_dir.clone() });
             };
             let progress = std::io::stderr().is_terminal().then(DownloadBar::default);
             let got = match progress {
                 Some(bar) => repo.download_with_progress(file, bar),
                 None => repo.download_with_progress(file, ()),
             };
-            got.map_err(|e| {
-                Error::Hub(format!(
-                    "could not fetch {id}/{file} from the Hugging Face Hub ({e}); if this machine is \
-                     offline, pass a local folder with --model /path/to/folder (config.json, \
-                     model.safetensors, tokenizer.json)"
-                ))
-            })
+            got.map_err(|e| Error::HubFetch { id: id.into(), file: file.into(), reason: e.to_string() })
         };
         assemble(id.to_string(), fetch)
     }

@@ -144,6 +144,17 @@ fn bad_input_gets_a_clear_error_and_a_failing_exit() {
         (&["generate", "x", "--model", "/no/such/folder"], "not found"),
         (&["generate", "--prompt-file", "/no/such/file", "--model", &m], "could not read the prompt file"),
         (&["generate", "x", "--model", "distilbert/distilgpt2", "--offline"], "not in the local Hugging Face cache"),
+        // The library says what is wrong; the CLI adds what to do in its own flags.
+        (
+            &["generate", "x", "--model", &m, "-n", "200"],
+            "hint: shorten the prompt or lower --max-new-tokens to at most 127",
+        ),
+        (
+            &["inspect", "attention", "x", "--model", &m, "--generate", "200"],
+            "hint: shorten the prompt or lower --generate",
+        ),
+        (&["generate", "x", "--model", "/no/such/folder"], "hint: pass a local folder with --model"),
+        (&["generate", "x", "--model", "distilbert/distilgpt2", "--offline"], "hint: run once without --offline"),
     ];
     for (args, msg) in cases {
         let out = kvgpt(args, None);

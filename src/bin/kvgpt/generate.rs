@@ -3,7 +3,6 @@
 use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use kvgpt::inspect::top_k;
 use kvgpt::{generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, StreamDecoder, Tokenizer};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -66,15 +65,15 @@ fn sampling(a: &GenerateArgs) -> Result<Sampling> {
     Ok(Sampling { temperature, top_k: a.top_k.map(|k| k as usize), top_p: a.top_p, seed: a.seed })
 }
 
-/// One generated token with its log-probability and the most likely alternatives.
+/// One generated token with its log-probability and the most likely alternatives (the server's
+/// numbers: `kvgpt::scheduler::token_logprob`).
 fn logprob_entry(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> Value {
-    let d = kvgpt::inspect::Distribution::of(logits);
-    let (top, _) = top_k(logits, k);
+    let lp = kvgpt::scheduler::token_logprob(logits, id, k);
     json!({
         "id": id,
         "token": tok.token_label(id),
-        "logprob": d.logprob(logits[id as usize]),
-        "top": top.iter().map(|c| json!({"id": c.id, "token": tok.token_label(c.id), "logprob": c.logprob})).collect::<Vec<_>>(),
+        "logprob": lp.logprob,
+        "top": lp.top.iter().map(|&(i, l)| json!({"id": i, "token": tok.token_label(i), "logprob": l})).collect::<Vec<_>>(),
     })
 }
 

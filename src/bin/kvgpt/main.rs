@@ -145,6 +145,13 @@ fn hint(e: &anyhow::Error, flag: &str) -> Option<String> {
         kvgpt::Error::ContextOverflow { n_positions, .. } => {
             Some(format!("shorten the prompt to fewer than {n_positions} tokens"))
         }
+        kvgpt::Error::NotCached { .. } => {
+            Some("run once without --offline (and HF_HUB_OFFLINE unset), or pass --model /path/to/folder".into())
+        }
+        kvgpt::Error::HubFetch { .. } | kvgpt::Error::NotAModel { .. } => Some(
+            "pass a local folder with --model /path/to/folder (config.json, model.safetensors, tokenizer.json)".into(),
+        ),
+        kvgpt::Error::WhichTensor { .. } => Some("name it with --tensor NAME".into()),
         _ => None,
     }
 }
