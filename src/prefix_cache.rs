@@ -114,20 +114,10 @@ impl PrefixCache {
         self.clock += 1;
         self.stats.lookups += 1;
         let ids = seq.ids();
-        let max = ids.len().saturating_sub(1);
-        let mut path = vec![];
-        let (mut node, mut len) = (ROOT, 0);
-        while len < max {
-            let next = self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == ids[len]);
-            let Some(c) = next else { break };
-            let common = self.nodes[c].tokens.iter().zip(&ids[len..max]).take_while(|(a, b)| a == b).count();
-            path.push((c, common));
+        let path = self.walk(ids);
+        let len = path.iter().map(|&(_, take)| take).sum();
+        for &(c, _) in &path {
             self.nodes[c].last_used = self.clock;
-            len += common;
-            node = c;
-            if common < self.nodes[c].tokens.len() {
-                break; // ends inside this edge
-            }
         }
         let held = ids[..len].to_vec();
         for (c, take) in path {
@@ -139,6 +129,31 @@ impl PrefixCache {
         self.next_hold += 1;
         self.held.push((self.next_hold, held));
         Ok(Match { len, hold: self.next_hold })
+    }
+
+    /// How many tokens of `ids` a lookup would take from the cache now.
+    pub fn matched_len(&self, ids: &[u32]) -> usize {
+        self.walk(ids).iter().map(|&(_, take)| take).sum()
+    }
+
+    /// The nodes of the longest cached prefix of `ids[..len - 1]`, each with how many of its
+    /// tokens match.
+    fn walk(&self, ids: &[u32]) -> Vec<(usize, usize)> {
+        let max = ids.len().saturating_sub(1);
+        let mut path = vec![];
+        let (mut node, mut len) = (ROOT, 0);
+        while len < max {
+            let next = self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == ids[len]);
+            let Some(c) = next else { break };
+            let common = self.nodes[c].tokens.iter().zip(&ids[len..max]).take_while(|(a, b)| a == b).count();
+            path.push((c, common));
+            len += common;
+            node = c;
+            if common < self.nodes[c].tokens.len() {
+                break; // ends inside this edge
+            }
+        }
+        path
     }
 
     /// Lets a match's prefix be evicted again.

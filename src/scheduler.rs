@@ -232,26 +232,18 @@ impl Engine {
                 continue;
             }
             let admitted = Instant::now();
-            let mut seq = match Sequence::new(&self.model, &req.prompt, req.max_new_tokens, req.sampling) {
+            let seq = match Sequence::new(&self.model, &req.prompt, req.max_new_tokens, req.sampling) {
                 Ok(s) => s,
                 Err(e) => {
                     req.client.send(Event::Error(e.to_string()));
                     continue;
                 }
             };
-            let hold = match self.cache.lookup(&mut seq) {
-                Ok(m) => m,
-                Err(e) => {
-                    req.client.send(Event::Error(e.to_string()));
-                    continue;
-                }
-            };
-            let cached = hold.len;
             self.running.push(Running {
                 seq,
                 req,
-                hold: Some(hold),
-                cached,
+                hold: None,
+                cached: 0,
                 queued: admitted - at,
                 admitted,
                 first_token: None,
@@ -262,27 +254,28 @@ impl Engine {
 
     /// One forward over every running sequence, then a token for each that got logits.
     fn step(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
-        // Cancelled requests leave first, freeing their slots.
+        // Cancelled requests leave first, freeing their slots (`remove` keeps admission order).
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].req.client.gone() {
-                let r = self.running.swap_remove(i);
+                let r = self.running.remove(i);
                 self.finish(r, None, monitor);
             } else {
                 i += 1;
             }
         }
-        if self.running.is_empty() {
+        self.start_prefills(monitor);
+        if self.running.iter().all(|r| r.hold.is_none()) {
             return Ok(());
         }
         // Decode rows first (one each), then prefill chunks in admission order under the budget.
         let mut budget = self.cfg.batch_tokens.max(1);
         for r in self.running.iter_mut() {
-            let n = if r.seq.pending() == 1 { 1 } else { 0 };
+            let n = usize::from(r.hold.is_some() && r.seq.pending() == 1);
             r.seq.schedule(n);
             budget = budget.saturating_sub(n);
         }
-        for r in self.running.iter_mut().filter(|r| r.seq.pending() > 1) {
+        for r in self.running.iter_mut().filter(|r| r.hold.is_some() && r.seq.pending() > 1) {
             r.seq.schedule(budget);
             budget -= budget.min(r.seq.pending());
         }
@@ -317,7 +310,7 @@ impl Engine {
             let eos = r.req.stop_at_eos && id == self.model.config.eos_token_id;
             let full = r.seq.generated().len() >= r.req.max_new_tokens;
             if !alive || eos || full {
-                let r = self.running.swap_remove(i);
+                let r = self.running.remove(i);
                 let finish = if eos { FinishReason::Eos } else { FinishReason::Length };
                 self.finish(r, alive.then_some(finish), monitor);
             } else {
@@ -325,6 +318,46 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Starts the sequences that have not started: each takes the longest prefix the prompt cache
+    /// holds *now*, so it looks up as late as possible. One whose prompt shares more with an
+    /// earlier sequence still prefilling than the cache holds waits for that one's prompt to
+    /// enter the cache, instead of computing the same prefix twice; the earliest always goes.
+    fn start_prefills(&mut self, monitor: &mut dyn Monitor) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].hold.is_some() {
+                i += 1;
+                continue;
+            }
+            let (before, rest) = self.running.split_at_mut(i);
+            let r = &mut rest[0];
+            let prompt = r.seq.prompt();
+            let cap = prompt.len().saturating_sub(1);
+            let ahead = before
+                .iter()
+                .filter(|q| q.first_token.is_none())
+                .map(|q| q.seq.prompt().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(cap))
+                .max()
+                .unwrap_or(0);
+            if self.cfg.cache_bytes > 0 && ahead > self.cache.matched_len(r.seq.ids()) {
+                i += 1; // waits for the earlier one's prompt
+                continue;
+            }
+            match self.cache.lookup(&mut r.seq) {
+                Ok(m) => {
+                    r.cached = m.len;
+                    r.hold = Some(m);
+                    i += 1;
+                }
+                Err(e) => {
+                    let mut r = self.running.remove(i);
+                    r.req.client.send(Event::Error(e.to_string()));
+                    self.finish(r, None, monitor);
+                }
+            }
+        }
     }
 
     /// Ends a request: `Done` (or nothing, when cancelled), its K/V into the prompt cache, its

@@ -291,3 +291,40 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
     drop(engine);
     thread.join().unwrap();
 }
+
+/// Requests that arrive together and share a prefix: the first computes it, the others wait for
+/// it to enter the prompt cache and reuse it (instead of computing it again side by side), with
+/// the bits each gets alone.
+#[test]
+fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
+    let loaded = load_fixture();
+    let reference = Reference::load();
+    let model = Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
+    let p2 = reference.prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let prompt = |i: usize| -> Vec<u32> {
+        let mut q = p2.ids[..60].to_vec();
+        q.extend_from_slice(&p2.ids[60 + 3 * i..63 + 3 * i]);
+        q
+    };
+    let sampling = Sampling { temperature: 0.7, top_k: None, top_p: None, seed: 9 };
+    let spawn = |cache_bytes| {
+        let cfg = EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes };
+        scheduler::spawn(model.clone(), cfg, Arc::new(AtomicUsize::new(0)), Box::new(NoMonitor), None).unwrap()
+    };
+    let (engine, thread) = spawn(16 << 20);
+    let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();
+    let together: Vec<Answer> = rxs.into_iter().map(answer).collect();
+    drop(engine);
+    thread.join().unwrap();
+    assert_eq!(together[0].2, 0, "the first computes the prefix");
+    for a in &together[1..] {
+        assert_eq!(a.2, 60, "the others take the shared 60 tokens from the cache");
+    }
+    let (engine, thread) = spawn(0);
+    for (i, a) in together.iter().enumerate() {
+        let alone = answer(submit(&engine, &prompt(i), 10, sampling));
+        assert_eq!((&alone.0, &alone.1), (&a.0, &a.1), "request {i}: together = alone without any cache");
+    }
+    drop(engine);
+    thread.join().unwrap();
+}

@@ -370,7 +370,11 @@ async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
     let mut prompt_texts = vec![];
     for p in &params.prompts {
         let (mut ids, text) = match p {
-            Prompt::Text(t) => (r.tok.encode(t).map_err(|e| ApiError::bad("prompt", e.to_string()))?, t.clone()),
+            Prompt::Text(t) => {
+                // A long text takes a while to tokenize: off the async worker's hot loop.
+                let ids = tokio::task::block_in_place(|| r.tok.encode(t));
+                (ids.map_err(|e| ApiError::bad("prompt", e.to_string()))?, t.clone())
+            }
             Prompt::Ids(ids) => {
                 if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
                     return Err(ApiError::bad(
