@@ -440,6 +440,28 @@ pub(crate) trait TileKernel {
         kc0: usize,
         kc1: usize,
     );
+
+    /// Rows `r0..r0+R` against the `G` whole panels `p..p+G` at once, over the whole reduction:
+    /// `G` weight streams in flight, for the few rows of a batch of decode steps.
+    ///
+    /// # Safety
+    /// As [`TileKernel::tile`]: `out` holds rows `r0..r0+R` of `n` columns, no other thread
+    /// writes the columns of panels `p..p+G`, and those panels are whole (`(p+G)·NR <= n`).
+    #[inline(always)]
+    unsafe fn wide<S: Source, const R: usize, const G: usize>(
+        src: &S,
+        out: *mut f32,
+        inp: &[f32],
+        bias: &[f32],
+        k: usize,
+        n: usize,
+        p: usize,
+        r0: usize,
+    ) {
+        for q in p..p + G {
+            Self::tile::<S, R>(src, out, inp, bias, k, n, q, r0, 0, k);
+        }
+    }
 }
 
 /// Plain Rust: the reference (and what non-x86 targets vectorize themselves).
@@ -482,6 +504,9 @@ unsafe fn packed_cols_body<T: TileKernel>(
     }
 }
 
+/// Up to this many rows take the wide path of `packed_generic`.
+const FEW_ROWS: usize = 16;
+
 #[inline(always)]
 unsafe fn packed_generic<S: Source, T: TileKernel>(
     src: &S,
@@ -496,6 +521,33 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
 ) {
     if t == 1 {
         return T::decode(src, out, inp, bias, k, n, p0, p1);
+    }
+    if t <= FEW_ROWS {
+        // A few rows (the decode steps of a batch): three panels at a time, two rows at a time,
+        // so that three weight streams are in flight; the other rows find the group in cache.
+        let mut p = p0;
+        while p + 3 <= p1 && (p + 3) * NR <= n {
+            let mut r = 0;
+            while r + 2 <= t {
+                T::wide::<S, 2, 3>(src, out, inp, bias, k, n, p, r);
+                r += 2;
+            }
+            if r < t {
+                T::wide::<S, 1, 3>(src, out, inp, bias, k, n, p, r);
+            }
+            p += 3;
+        }
+        for q in p..p1 {
+            let mut r = 0;
+            while r + 2 <= t {
+                T::tile::<S, 2>(src, out, inp, bias, k, n, q, r, 0, k);
+                r += 2;
+            }
+            if r < t {
+                T::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
+            }
+        }
+        return;
     }
     let mut kc0 = 0;
     loop {
@@ -823,6 +875,44 @@ pub(crate) mod x86 {
                     if last { (_mm256_add_ps(a[0], bias0), _mm256_add_ps(a[1], bias1)) } else { (a[0], a[1]) };
                 _mm256_storeu_ps(o, v0);
                 _mm256_storeu_ps(o.add(8), v1);
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn wide<S: Source, const R: usize, const G: usize>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p: usize,
+            r0: usize,
+        ) {
+            let mut acc = [[[_mm256_setzero_ps(); 2]; R]; G]; // [panel][row]
+            let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r + 1) * k].as_ptr());
+            for i in 0..k {
+                // SAFETY: i < k and row r0+r holds k elements from a_ptr[r] (sliced above).
+                let a: [V; R] = std::array::from_fn(|r| _mm256_broadcast_ss(&*a_ptr[r].add(i)));
+                // One panel's row at a time: 2·R·G accumulators, R broadcasts and two weight
+                // vectors stay within the 16 registers for R = 2, G = 3.
+                for (q, accq) in acc.iter_mut().enumerate() {
+                    let (b0, b1) = src.row_avx2(p + q, i);
+                    for (c, &ar) in accq.iter_mut().zip(&a) {
+                        c[0] = _mm256_fmadd_ps(ar, b0, c[0]);
+                        c[1] = _mm256_fmadd_ps(ar, b1, c[1]);
+                    }
+                }
+            }
+            for (q, accq) in acc.iter().enumerate() {
+                let c0 = (p + q) * NR;
+                let (bias0, bias1) =
+                    (_mm256_loadu_ps(bias.as_ptr().add(c0)), _mm256_loadu_ps(bias.as_ptr().add(c0 + 8)));
+                for (r, c) in accq.iter().enumerate() {
+                    let o = out.add((r0 + r) * n + c0);
+                    _mm256_storeu_ps(o, _mm256_add_ps(c[0], bias0));
+                    _mm256_storeu_ps(o.add(8), _mm256_add_ps(c[1], bias1));
+                }
             }
         }
     }
