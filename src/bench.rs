@@ -20,6 +20,8 @@ pub struct BenchSpec {
     pub reps: usize,
     /// Also measure uncached decoding (the whole sequence recomputed each step).
     pub uncached: bool,
+    /// Sequences decoded together in one forward per step (batched rows; 1 adds none).
+    pub batches: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +30,9 @@ pub enum Test {
     Prefill { prompt: usize },
     /// `gen` decode steps after a `prompt`-token prefill, cached or not.
     Decode { prompt: usize, gen: usize, cached: bool },
+    /// `gen` decode steps of `batch` sequences together (one forward over their rows per step),
+    /// each after its own `prompt`-token prefill, cached.
+    Batched { prompt: usize, gen: usize, batch: usize },
 }
 
 impl Test {
@@ -35,6 +40,7 @@ impl Test {
         match self {
             Test::Prefill { prompt } => format!("pp{prompt}"),
             Test::Decode { gen, .. } => format!("tg{gen}"),
+            Test::Batched { gen, batch, .. } => format!("tg{gen}x{batch}"),
         }
     }
 }
@@ -80,6 +86,8 @@ struct Runner<'a> {
     model: &'a Model,
     seq: Sequence,
     scratch: Scratch,
+    /// The sequences of batched rows, made on first use.
+    batch: Vec<Sequence>,
 }
 
 impl Runner<'_> {
@@ -114,6 +122,30 @@ impl Runner<'_> {
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;
                 Ok((gen as f64 / total, steps))
             }
+            Test::Batched { prompt, gen, batch } => {
+                let full = self.model.config.n_positions - 1;
+                while self.batch.len() < batch {
+                    self.batch.push(Sequence::new(self.model, &[0], full, Sampling::GREEDY)?);
+                }
+                let seqs = &mut self.batch[..batch];
+                for (i, s) in seqs.iter_mut().enumerate() {
+                    // Different prompts, so that no two sequences compute the same thing.
+                    s.restart(&prompt_ids(prompt + i, v)[i..])?;
+                    s.feed(self.model, &mut self.scratch)?;
+                }
+                let mut steps = Vec::with_capacity(gen);
+                for _ in 0..gen {
+                    for s in seqs.iter_mut() {
+                        s.sample(); // greedy
+                        s.schedule(1);
+                    }
+                    let start = Instant::now();
+                    self.model.forward_batch(seqs, &mut self.scratch)?;
+                    steps.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+                let total: f64 = steps.iter().sum::<f64>() / 1e3;
+                Ok(((batch * gen) as f64 / total, steps))
+            }
         }
     }
 }
@@ -127,6 +159,9 @@ pub fn tests(spec: &BenchSpec) -> Vec<Test> {
             if spec.uncached {
                 t.push(Test::Decode { prompt, gen, cached: false });
             }
+            for &batch in spec.batches.iter().filter(|&&b| b > 1) {
+                t.push(Test::Batched { prompt, gen, batch });
+            }
         }
     }
     t
@@ -138,7 +173,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
     let cfg = &model.config;
     let tests = tests(spec);
     for t in &tests {
-        if let Test::Decode { prompt, gen, .. } = t {
+        if let Test::Decode { prompt, gen, .. } | Test::Batched { prompt, gen, .. } = t {
             crate::generate::check_context(model, *prompt, *gen)?;
         } else if let Test::Prefill { prompt } = t {
             crate::generate::check_context(model, *prompt, 0)?;
@@ -150,6 +185,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
             Test::Prefill { prompt } => *prompt,
             Test::Decode { prompt, gen, cached: false } => prompt + gen,
             Test::Decode { prompt, .. } => *prompt,
+            Test::Batched { prompt, batch, .. } => (*prompt).max(*batch),
         })
         .max()
         .unwrap_or(1);
@@ -159,6 +195,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         // pages are touched by the warm-up, not inside a timed run.
         seq: Sequence::new(model, &[0], cfg.n_positions - 1, Sampling::GREEDY)?,
         scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
+        batch: vec![],
     };
     let mut rows: Vec<Row> = tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![] }).collect();
     for t in &tests {

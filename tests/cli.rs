@@ -209,6 +209,37 @@ fn bench_reports_every_row_in_every_format() {
     assert!(md.contains("tokenization and sampling are excluded"), "{md}");
     assert!(md.contains("| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |"), "{md}");
     assert!(md.contains("load to first token"), "{md}");
+    // Batched rows: B sequences per forward, B·N tokens per repetition, and their ratio table.
+    let (md, _) = ok(&kvgpt(
+        &[
+            "bench",
+            "--model",
+            &m,
+            "-p",
+            "4",
+            "-n",
+            "3",
+            "-r",
+            "1",
+            "--probe-mib",
+            "0",
+            "--no-uncached",
+            "--batch",
+            "1,4",
+        ],
+        None,
+    ));
+    assert!(md.contains("| tg3x4 | 4 | batched |"), "{md}");
+    assert!(md.contains("| batched decode | context (prompt) | sequences |"), "{md}");
+    let (js, _) = ok(&kvgpt(
+        &["bench", "--model", &m, "-p", "4", "-n", "3", "-r", "1", "--probe-mib", "0", "--batch", "3", "-o", "json"],
+        None,
+    ));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&js).unwrap();
+    let b = rows.iter().find(|r| r["mode"] == "batched").expect("a batched row");
+    assert_eq!((b["test"].as_str(), b["batch"].as_u64(), b["gen_tokens"].as_u64()), (Some("tg3x3"), Some(3), Some(3)));
+    let err = String::from_utf8_lossy(&kvgpt(&["bench", "--model", &m, "--batch", "0"], None).stderr).into_owned();
+    assert!(err.contains("--batch takes batch sizes from 1 to 256"), "{err}");
     let (csv, _) = ok(&kvgpt(
         &[
             "bench",

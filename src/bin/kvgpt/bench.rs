@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
     pub output: Format,
+    /// Also decode this many sequences together (comma-separated batch sizes, e.g. 1,8,16): one
+    /// forward over all their rows per step, as the server runs them.
+    #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
+    pub batches: Vec<usize>,
     /// Size of the read-bandwidth probe in MiB (0 skips it).
     #[arg(long, default_value_t = 512)]
     pub probe_mib: usize,
@@ -42,13 +46,21 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     if a.prompts.iter().chain(&a.gens).any(|&x| x == 0) {
         bail!("-p and -n take positive lengths, e.g. -p 4,128,512 -n 128");
     }
+    if a.batches.iter().any(|&b| b == 0 || b > 256) {
+        bail!("--batch takes batch sizes from 1 to 256, e.g. --batch 1,8,16");
+    }
     let t0 = Instant::now();
     let loaded = load(&a.model)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let m = &loaded.model;
     let cfg = &m.config;
-    let spec =
-        BenchSpec { prompts: a.prompts.clone(), gens: a.gens.clone(), reps: a.reps as usize, uncached: !a.no_uncached };
+    let spec = BenchSpec {
+        prompts: a.prompts.clone(),
+        gens: a.gens.clone(),
+        reps: a.reps as usize,
+        uncached: !a.no_uncached,
+        batches: a.batches.clone(),
+    };
     let total = kvgpt::bench::tests(&spec).len() * spec.reps;
     let mut done = 0;
     let rows = kvgpt::bench::run(m, &spec, &mut |t, rep| {
@@ -89,6 +101,7 @@ fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
     let (prompt, gen, mode) = match r.test {
         Test::Prefill { prompt } => (prompt, 0, "cached"),
         Test::Decode { prompt, gen, cached } => (prompt, gen, if cached { "cached" } else { "uncached" }),
+        Test::Batched { prompt, gen, .. } => (prompt, gen, "batched"),
     };
     let mut v = json!({
         "test": r.test.name(),
@@ -109,6 +122,10 @@ fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
         "isa": h["isa"],
         "cpu_features": h["cpu_features"],
         "git": h["git"],
+    });
+    v["batch"] = json!(match r.test {
+        Test::Batched { batch, .. } => batch,
+        _ => 1,
     });
     match r.test {
         Test::Prefill { .. } => v["ttft_ms"] = json!(mean_sd(&r.step_ms).0),
@@ -136,6 +153,7 @@ fn print_csv(rows: &[Value]) {
         "weight_gb_s",
         "peak_rss_mb",
         "git",
+        "batch",
     ];
     println!("{}", cols.join(","));
     for r in rows {
@@ -205,6 +223,24 @@ fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
             println!("| tg{gen} | {prompt} | {ca:.1} | {ua:.1} | {:.1}× |", ca / ua.max(1e-12));
         }
     }
+    // Batched decoding against one sequence at the same context.
+    let batched: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Batched { .. })).collect();
+    if !batched.is_empty() {
+        println!(
+            "\n| batched decode | context (prompt) | sequences | tok/s (all) | tok/s per sequence | × one sequence |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
+        for b in batched {
+            let Test::Batched { prompt, gen, batch } = b.test else { continue };
+            let one = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
+            let (all, single) = (mean_sd(&b.tok_s).0, one.map(|r| mean_sd(&r.tok_s).0).unwrap_or(0.0));
+            println!(
+                "| tg{gen} | {prompt} | {batch} | {all:.1} | {:.1} | {:.2}× |",
+                all / batch as f64,
+                all / single.max(1e-12)
+            );
+        }
+    }
     if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4 }) {
         let ttft = mean_sd(&pp4.step_ms).0;
         let step = rows
@@ -222,7 +258,7 @@ fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
 
 fn r_gen(r: &Row) -> usize {
     match r.test {
-        Test::Decode { gen, .. } => gen,
+        Test::Decode { gen, .. } | Test::Batched { gen, .. } => gen,
         Test::Prefill { .. } => 0,
     }
 }
