@@ -43,6 +43,10 @@ Also measured:
                     else the script exits 1. llama.cpp's agreement is reported, not enforced
                     (its docs say cached and uncached logits may differ).
 
+Exit status: 0; 1 if a kvgpt text differed or a kvgpt request failed; 2 if a server could not start.
+
+Before measuring, each server gets max(concurrency) unique requests at once (--warmup 0: none).
+
 Every request loop is bounded in count (N requests per cell) and time (--request-timeout per
 request, --max-minutes for the whole run: cells that would start later are skipped and listed).
 """
@@ -430,6 +434,8 @@ def parse_args():
     p.add_argument("--kvgpt-arg", action="append", default=[], help="extra argument for kvgpt serve (repeatable)")
     p.add_argument("--llama-arg", action="append", default=[], help="extra argument for llama-server (repeatable)")
     p.add_argument("--workloads", default="shared,unique", help="subset of shared,unique")
+    p.add_argument("--warmup", type=int, default=1, choices=[0, 1],
+                   help="1: before measuring, send each server max(concurrency) unique requests at once")
     p.add_argument("--hm-reps", type=int, default=5, help="TTFT hit-vs-miss repetitions (0: skip)")
     p.add_argument("--hm-output", type=int, default=4, help="output tokens of the hit-vs-miss requests")
     p.add_argument("--identity-concurrency", type=int, default=8)
@@ -479,6 +485,7 @@ def main():
     servers = {}
     results = {"cells": [], "identity": [], "hit_vs_miss": {}, "skipped": [], "server_errors": []}
     exit_code = 0
+    busy_seen = set(busy)
     try:
         servers["kvgpt"] = Server("kvgpt", kvgpt_cmd(a), 0, logdir)
         header["kvgpt"]["cmd"] = servers["kvgpt"].cmd
@@ -490,6 +497,14 @@ def main():
                                "cmd": servers["llama"].cmd}
         for k in keys:
             servers[k].start(a.startup_timeout)
+        if a.warmup:
+            # One-time costs (first allocations, page faults, graph set-up) out of the first cell.
+            c = max(a.levels)
+            reqs = unique_workload(a, "warmup")[:c]
+            for k in keys:
+                log(f"{NAMES[k]}: warm-up, {len(reqs)} unique requests at concurrency {c} (not reported)")
+                note_errors(results, k, "warm-up", run_cell(servers[k].port, reqs, c, a.output, a.request_timeout,
+                                                            deadline), servers[k])
 
         texts_c1 = {}  # (server, workload tag) -> texts of the concurrency-1 shared cell, and its requests
         for li, c in enumerate(a.levels):
@@ -504,6 +519,7 @@ def main():
                         results["skipped"].append(f"{NAMES[k]} {w} C={c}: server not running")
                         continue
                     log(f"{NAMES[k]}: {w} x{len(reqs)} at concurrency {c}")
+                    busy_seen.update(busy_processes())
                     recs = run_cell(servers[k].port, reqs, c, a.output, a.request_timeout, deadline)
                     s = summarize(recs, a.output)
                     note_errors(results, k, f"{w} C={c}", recs, servers[k])
@@ -531,12 +547,13 @@ def main():
                     results["server_errors"].append(f"{NAMES[k]} exited on its own with code "
                                                     f"{servers[k].proc.returncode}:\n{servers[k].log_tail()}")
                 servers[k].stop()
+    header["busy_during_run"] = sorted(busy_seen)
     header["elapsed_s"] = time.monotonic() - t_begin
     header["server_logs"] = logdir
     report(a, header, results, keys)
     kv_ident = [x for x in results["identity"] if x["server"] == "kvgpt"]
-    if any(x["matched"] != x["total"] for x in kv_ident):
-        exit_code = 1
+    if any(x["matched"] != x["total"] for x in kv_ident) or results.get("kvgpt_failed"):
+        exit_code = max(exit_code, 1)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"header": header, **results}, indent=1))
         log(f"wrote {a.json_out}")
@@ -558,6 +575,8 @@ def note_errors(results, k, where, recs, server):
         msg = f"{NAMES[k]} {where}: {len(errs)} of {len(recs)} requests failed; first: {errs[0]}"
         log(msg)
         results["server_errors"].append(msg)
+        if k == "kvgpt":
+            results["kvgpt_failed"] = True
         if not server.alive():
             results["server_errors"].append(f"{NAMES[k]} is no longer running; log tail:\n{server.log_tail()}")
 
@@ -600,6 +619,8 @@ def hit_vs_miss(a, results, servers, keys, deadline):
                 r = one_request(servers[k].port, prefix + q, a.hm_output, a.request_timeout)
                 if r.get("error"):
                     results["server_errors"].append(f"{NAMES[k]} hit-vs-miss {kind}: {r['error']}")
+                    if k == "kvgpt":
+                        results["kvgpt_failed"] = True
                     continue
                 samples[k][kind].append(r["ttft"])
                 cc = cache_counts(r)
@@ -646,7 +667,8 @@ def report(a, header, results, keys):
     out.append("")
     out.append(f"- CPU: {header['cpu']} ({header['logical_cpus']} logical CPUs), threads per server: {a.threads}, "
                f"load average at start {' '.join(header['loadavg_at_start'] or ['?'])}"
-               + (f", **busy at start: {', '.join(header['busy_at_start'])}**" if header["busy_at_start"] else ""))
+               + (f", **also running (seen before a cell): {', '.join(header['busy_during_run'])}**"
+                  if header["busy_during_run"] else ""))
     kv = header["kvgpt"]
     out.append(f"- kvgpt: {kv['version']}" + (f" (git {kv['git']})" if kv["git"] else "")
                + f": `serve --parallel {a.parallel} --cache-mb {a.cache_mb}"
