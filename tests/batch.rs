@@ -195,6 +195,11 @@ impl Client for Events {
 struct NoMonitor;
 impl Monitor for NoMonitor {}
 
+/// An engine thread over `model`: its channel and its thread.
+fn engine(model: &Arc<Model>, cfg: EngineConfig) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {
+    scheduler::spawn(model.clone(), cfg, Arc::new(AtomicUsize::new(0)), Box::new(NoMonitor), None).unwrap()
+}
+
 /// (ids, logprob bits, cached tokens) of one request's answer.
 type Answer = (Vec<u32>, Vec<(u64, Vec<(u32, u64)>)>, usize);
 
@@ -247,10 +252,7 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         // The single-sequence path: `generate`, for ids and the logprobs' source.
         let opts = GenerateOptions { max_new_tokens: 12, sampling, stop_at_eos: false, use_cache: true };
         let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(())).unwrap().generated_ids;
-        let start = |cache_bytes| {
-            let cfg = EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes };
-            scheduler::spawn(model.clone(), cfg, Arc::new(AtomicUsize::new(0)), Box::new(NoMonitor), None).unwrap()
-        };
+        let start = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes });
         let (engine, thread) = start(16 << 20);
         let cold = answer(submit(&engine, &question(0), 12, sampling));
         assert_eq!(cold.0, want, "served alone = generate()");
@@ -274,21 +276,14 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         thread.join().unwrap();
     }
     // And the engine against HF: every reference prompt's greedy ids, cold and then warm, all at once.
-    let (engine, thread) = scheduler::spawn(
-        model.clone(),
-        EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20 },
-        Arc::new(AtomicUsize::new(0)),
-        Box::new(NoMonitor),
-        None,
-    )
-    .unwrap();
+    let (tx, thread) = engine(&model, EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20 });
     let prompts = reference.prompts();
     let rxs: Vec<_> =
-        prompts.iter().chain(&prompts).map(|p| submit(&engine, &p.ids, p.greedy_ids.len(), Sampling::GREEDY)).collect();
+        prompts.iter().chain(&prompts).map(|p| submit(&tx, &p.ids, p.greedy_ids.len(), Sampling::GREEDY)).collect();
     for (a, p) in rxs.into_iter().map(answer).zip(prompts.iter().chain(&prompts)) {
         assert_eq!(a.0, p.greedy_ids, "{}: served greedy ids = HF's", p.key);
     }
-    drop(engine);
+    drop(tx);
     thread.join().unwrap();
 }
 
@@ -307,10 +302,7 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
         q
     };
     let sampling = Sampling { temperature: 0.7, top_k: None, top_p: None, seed: 9 };
-    let spawn = |cache_bytes| {
-        let cfg = EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes };
-        scheduler::spawn(model.clone(), cfg, Arc::new(AtomicUsize::new(0)), Box::new(NoMonitor), None).unwrap()
-    };
+    let spawn = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes });
     let (engine, thread) = spawn(16 << 20);
     let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();
     let together: Vec<Answer> = rxs.into_iter().map(answer).collect();
