@@ -92,7 +92,6 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         stop_at_eos: !a.ignore_eos,
         use_cache: !a.no_cache,
     };
-    kvgpt::generate::check_context(model, ids.len(), opts.max_new_tokens)?;
     let mut seq = Sequence::new(model, &ids, opts.max_new_tokens, opts.sampling)?;
     let mut saved_ids = None;
     if let Some(file) = &a.prompt_cache {

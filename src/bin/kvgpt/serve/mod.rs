@@ -368,6 +368,7 @@ async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
     }
     let mut prompt_ids = vec![];
     let mut prompt_texts = vec![];
+    let mut max_news = vec![]; // completion tokens per prompt, checked against the context
     for p in &params.prompts {
         let (mut ids, text) = match p {
             Prompt::Text(t) => {
@@ -407,6 +408,7 @@ async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
             .with_code("context_length_exceeded"));
         }
         prompt_ids.push(ids);
+        max_news.push(max_tokens);
         prompt_texts.push(text);
     }
     let count = prompt_ids.len() * params.n;
@@ -426,11 +428,7 @@ async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
     }
     let mut seqs = vec![];
     let now = Instant::now();
-    for ids in &prompt_ids {
-        let max_new = params.max_tokens.unwrap_or(match ep {
-            Endpoint::Completions => 16,
-            Endpoint::Chat => r.n_positions - ids.len(),
-        });
+    for (ids, &max_new) in prompt_ids.iter().zip(&max_news) {
         for j in 0..params.n {
             let (tx, rx) = unbounded_channel();
             let req = Request {
