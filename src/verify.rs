@@ -109,7 +109,7 @@ pub fn cache_vs_recompute(
 pub fn against_reference(model: &Model, ids: &[u32], reference: &[f32], tolerance: f32) -> Result<Comparison> {
     let cfg = &model.config;
     let v = cfg.vocab_size;
-    if reference.is_empty() || reference.len() % v != 0 || reference.len() / v > ids.len() {
+    if reference.is_empty() || !reference.len().is_multiple_of(v) || reference.len() / v > ids.len() {
         return Err(Error::Invalid(format!(
             "the reference holds {} numbers; expected [R, {v}] logits with R between 1 and the prompt's {} tokens",
             reference.len(),

@@ -43,6 +43,22 @@ fn generate_streams_the_reference_continuation() {
 }
 
 #[test]
+fn every_instruction_set_generates_the_reference_text_and_a_missing_one_is_refused() {
+    let reference = Reference::load();
+    let (p, raw) = (&reference.prompts()[0], &reference.json["prompts"][0]);
+    let n = p.greedy_ids.len().to_string();
+    for isa in kvgpt_kernels::Isa::available() {
+        let args = ["generate", &p.text, "--model", &model(), "-n", &n, "--ignore-eos", "--isa", isa.name()];
+        let (out, _) = ok(&kvgpt(&args, None));
+        assert_eq!(out, format!("{}\n", raw["greedy"]["full_text"].as_str().unwrap()), "{}", isa.name());
+    }
+    let out = kvgpt(&["generate", "x", "--model", &model(), "--isa", "sse9"], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--isa \"sse9\": this CPU offers scalar"), "{err}");
+}
+
+#[test]
 fn generate_json_has_the_documented_fields_and_reference_ids() {
     let reference = Reference::load();
     let p = &reference.prompts()[0];

@@ -38,6 +38,10 @@ pub(crate) enum Kind {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// AVX-512F on top of AVX2 + FMA + F16C: the packed matmul in 512-bit registers; the other
+    /// kernels run their AVX2 copies.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
 impl Isa {
@@ -49,25 +53,29 @@ impl Isa {
 
     /// The best instruction set this CPU supports. Call once and keep the value.
     pub fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx2")
-                && std::is_x86_feature_detected!("fma")
-                && std::is_x86_feature_detected!("f16c")
-            {
-                return Isa(Kind::Avx2Fma);
-            }
-        }
-        Isa::scalar()
+        *Isa::available().last().expect("the scalar path is always available")
     }
 
-    /// Every instruction set usable on this CPU, the scalar reference first.
+    /// Every instruction set usable on this CPU, the scalar reference first, the best last.
     pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
         let mut v = vec![Isa::scalar()];
-        if Isa::detect() != Isa::scalar() {
-            v.push(Isa::detect());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                v.push(Isa(Kind::Avx2Fma));
+                if has!("avx512f") {
+                    v.push(Isa(Kind::Avx512));
+                }
+            }
         }
         v
+    }
+
+    /// The available instruction set called `name` (as [`Isa::name`] spells it).
+    pub fn by_name(name: &str) -> Option<Isa> {
+        Isa::available().into_iter().find(|i| i.name() == name)
     }
 
     pub fn name(self) -> &'static str {
@@ -75,6 +83,8 @@ impl Isa {
             Kind::Scalar => "scalar",
             #[cfg(target_arch = "x86_64")]
             Kind::Avx2Fma => "avx2+fma",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => "avx512",
         }
     }
 }

@@ -184,7 +184,10 @@ impl PackedMatrix {
         let k = self.k;
         let m = cols.len().checked_div(k).unwrap_or_else(|| Q8_BLOCK.min(self.n - c0));
         assert!(
-            c0 % Q8_BLOCK == 0 && cols.len() == m * k && (m == Q8_BLOCK || c0 + m == self.n) && c0 + m <= self.n,
+            c0.is_multiple_of(Q8_BLOCK)
+                && cols.len() == m * k
+                && (m == Q8_BLOCK || c0 + m == self.n)
+                && c0 + m <= self.n,
             "set_cols: {} values at column {c0} of a {k}x{} matrix",
             cols.len(),
             self.n

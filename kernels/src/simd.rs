@@ -14,9 +14,9 @@ macro_rules! dispatch {
     ($isa:expr, $name:ident ( $($arg:expr),* $(,)? )) => {
         match $isa.0 {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::detect` after the CPU
-            // reported AVX2 and FMA.
-            Kind::Avx2Fma => unsafe { avx2::$name($($arg),*) },
+            // SAFETY: an `Isa` of kind Avx2Fma or Avx512 is only made by `Isa::available` after
+            // the CPU reported AVX2 and FMA.
+            Kind::Avx2Fma | Kind::Avx512 => unsafe { avx2::$name($($arg),*) },
             Kind::Scalar => $name($($arg),*),
         }
     };
@@ -80,9 +80,13 @@ pub(crate) unsafe fn packed_cols(
 ) {
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::detect` after the CPU reported
+        // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the CPU reported
         // AVX2, FMA and F16C.
         Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(out, inp, w, bias, t, p0, p1) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F besides
+        // AVX2, FMA and F16C.
+        Kind::Avx512 => unsafe { x86::packed_cols_avx512(out, inp, w, bias, t, p0, p1) },
         Kind::Scalar => packed_cols_body::<Portable>(out, inp, w, bias, t, p0, p1),
     }
 }
@@ -106,8 +110,9 @@ pub(crate) fn softmax(isa: Isa, x: &mut [f32]) {
 pub(crate) fn scores(isa: Isa, scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
-        Kind::Avx2Fma => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
+        // SAFETY: an `Isa` of kind Avx2Fma or Avx512 is only made after the CPU reported AVX2,
+        // FMA, F16C.
+        Kind::Avx2Fma | Kind::Avx512 => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
         Kind::Scalar => scores_body(scores, q, kh, hs, scale),
     }
 }
@@ -116,7 +121,7 @@ pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], probs: &[f32], vh: &[f32],
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kind::Avx2Fma => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
+        Kind::Avx2Fma | Kind::Avx512 => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
         Kind::Scalar => weighted_sum_body(out, probs, vh, hs),
     }
 }
@@ -332,6 +337,12 @@ pub(crate) trait Source {
     /// The same row as two AVX vectors (the same values, loaded and converted in registers).
     #[cfg(target_arch = "x86_64")]
     unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V);
+    /// The same row as one AVX-512 vector.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn row_avx512(&self, p: usize, i: usize) -> x86::Z;
+    /// Asks for the row to be brought into cache (a hint; a no-op unless overridden).
+    #[inline(always)]
+    fn prefetch(&self, _p: usize, _i: usize) {}
 }
 
 pub(crate) struct F32Src<'a>(&'a [f32], usize);
@@ -350,6 +361,16 @@ impl Source for F32Src<'_> {
     unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
         x86::load_f32(self.0, (p * self.1 + i) * NR)
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx512(&self, p: usize, i: usize) -> x86::Z {
+        x86::load_f32_z(self.0, (p * self.1 + i) * NR)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, p: usize, i: usize) {
+        x86::prefetch(self.0, (p * self.1 + i) * NR)
+    }
 }
 
 impl Source for F16Src<'_> {
@@ -364,6 +385,16 @@ impl Source for F16Src<'_> {
     unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
         x86::load_f16(self.0, (p * self.1 + i) * NR)
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx512(&self, p: usize, i: usize) -> x86::Z {
+        x86::load_f16_z(self.0, (p * self.1 + i) * NR)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, p: usize, i: usize) {
+        x86::prefetch(self.0, (p * self.1 + i) * NR)
+    }
 }
 
 impl Source for Bf16Src<'_> {
@@ -377,6 +408,16 @@ impl Source for Bf16Src<'_> {
     #[inline(always)]
     unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
         x86::load_bf16(self.0, (p * self.1 + i) * NR)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx512(&self, p: usize, i: usize) -> x86::Z {
+        x86::load_bf16_z(self.0, (p * self.1 + i) * NR)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, p: usize, i: usize) {
+        x86::prefetch(self.0, (p * self.1 + i) * NR)
     }
 }
 
@@ -394,6 +435,17 @@ impl Source for Q8Src<'_> {
     unsafe fn row_avx2(&self, p: usize, i: usize) -> (x86::V, x86::V) {
         let k = self.2;
         x86::load_q8(self.0, (p * k + i) * NR, self.1[(p * NR / Q8_BLOCK) * k + i])
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn row_avx512(&self, p: usize, i: usize) -> x86::Z {
+        let k = self.2;
+        x86::load_q8_z(self.0, (p * k + i) * NR, self.1[(p * NR / Q8_BLOCK) * k + i])
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn prefetch(&self, p: usize, i: usize) {
+        x86::prefetch(self.0, (p * self.2 + i) * NR)
     }
 }
 
@@ -462,6 +514,45 @@ pub(crate) trait TileKernel {
             Self::tile::<S, R>(src, out, inp, bias, k, n, q, r0, 0, k);
         }
     }
+
+    /// All `t` rows (a few: the decode steps of a batch) against panels `p0..p1`, over the whole
+    /// reduction. This default runs three panels at a time, two rows at a time, so that three
+    /// weight streams are in flight; the other rows find the group in cache.
+    #[inline(always)]
+    unsafe fn few<S: Source>(
+        src: &S,
+        out: *mut f32,
+        inp: &[f32],
+        bias: &[f32],
+        t: usize,
+        k: usize,
+        n: usize,
+        p0: usize,
+        p1: usize,
+    ) {
+        let mut p = p0;
+        while p + 3 <= p1 && (p + 3) * NR <= n {
+            let mut r = 0;
+            while r + 2 <= t {
+                Self::wide::<S, 2, 3>(src, out, inp, bias, k, n, p, r);
+                r += 2;
+            }
+            if r < t {
+                Self::wide::<S, 1, 3>(src, out, inp, bias, k, n, p, r);
+            }
+            p += 3;
+        }
+        for q in p..p1 {
+            let mut r = 0;
+            while r + 2 <= t {
+                Self::tile::<S, 2>(src, out, inp, bias, k, n, q, r, 0, k);
+                r += 2;
+            }
+            if r < t {
+                Self::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
+            }
+        }
+    }
 }
 
 /// Plain Rust: the reference (and what non-x86 targets vectorize themselves).
@@ -523,31 +614,7 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
         return T::decode(src, out, inp, bias, k, n, p0, p1);
     }
     if t <= FEW_ROWS {
-        // A few rows (the decode steps of a batch): three panels at a time, two rows at a time,
-        // so that three weight streams are in flight; the other rows find the group in cache.
-        let mut p = p0;
-        while p + 3 <= p1 && (p + 3) * NR <= n {
-            let mut r = 0;
-            while r + 2 <= t {
-                T::wide::<S, 2, 3>(src, out, inp, bias, k, n, p, r);
-                r += 2;
-            }
-            if r < t {
-                T::wide::<S, 1, 3>(src, out, inp, bias, k, n, p, r);
-            }
-            p += 3;
-        }
-        for q in p..p1 {
-            let mut r = 0;
-            while r + 2 <= t {
-                T::tile::<S, 2>(src, out, inp, bias, k, n, q, r, 0, k);
-                r += 2;
-            }
-            if r < t {
-                T::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
-            }
-        }
-        return;
+        return T::few(src, out, inp, bias, t, k, n, p0, p1);
     }
     let mut kc0 = 0;
     loop {
@@ -637,6 +704,7 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
 
     pub(crate) type V = __m256;
+    pub(crate) type Z = __m512;
 
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C; as for [`super::packed_cols`].
@@ -691,6 +759,57 @@ pub(crate) mod x86 {
         (_mm256_mul_ps(lo, sc), _mm256_mul_ps(hi, sc))
     }
 
+    /// A hint to bring `d[at]` into cache; any `at` is allowed.
+    #[inline(always)]
+    pub(crate) fn prefetch<T>(d: &[T], at: usize) {
+        // SAFETY: a prefetch never faults and never changes memory, whatever the address; the
+        // pointer is formed with wrapping arithmetic and never dereferenced.
+        unsafe { _mm_prefetch(d.as_ptr().wrapping_add(at) as *const i8, _MM_HINT_T0) }
+    }
+
+    // The same loaders in one 512-bit register (the same conversions, so the same values).
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_f32_z(d: &[f32], base: usize) -> Z {
+        debug_assert!(base + NR <= d.len());
+        _mm512_loadu_ps(d.as_ptr().add(base))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_f16_z(d: &[u16], base: usize) -> Z {
+        debug_assert!(base + NR <= d.len());
+        _mm512_cvtph_ps(_mm256_loadu_si256(d.as_ptr().add(base) as *const __m256i))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_bf16_z(d: &[u16], base: usize) -> Z {
+        debug_assert!(base + NR <= d.len());
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(d.as_ptr().add(base) as *const __m256i));
+        _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))
+    }
+
+    #[inline(always)]
+    pub(crate) unsafe fn load_q8_z(d: &[i8], base: usize, scale: f32) -> Z {
+        debug_assert!(base + NR <= d.len());
+        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(d.as_ptr().add(base) as *const __m128i));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(scale))
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2, FMA and F16C; as for [`super::packed_cols`].
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn packed_cols_avx512(
+        out: *mut f32,
+        inp: &[f32],
+        w: &PackedMatrix,
+        bias: &[f32],
+        t: usize,
+        p0: usize,
+        p1: usize,
+    ) {
+        packed_cols_body::<Avx512>(out, inp, w, bias, t, p0, p1)
+    }
+
     /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
     /// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
     ///
@@ -699,7 +818,7 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn scores_avx2(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
         let n = scores.len();
-        if hs % NR != 0 || q.len() < hs || kh.len() < n * hs {
+        if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
             return scores_body(scores, q, kh, hs, scale);
         }
         let (qp, kp) = (q.as_ptr(), kh.as_ptr());
@@ -912,6 +1031,182 @@ pub(crate) mod x86 {
                     let o = out.add((r0 + r) * n + c0);
                     _mm256_storeu_ps(o, _mm256_add_ps(c[0], bias0));
                     _mm256_storeu_ps(o.add(8), _mm256_add_ps(c[1], bias1));
+                }
+            }
+        }
+    }
+
+    /// One panel row (16 columns) is one 512-bit register, so every accumulator of the AVX2
+    /// tiles (two registers) is one here: the same FMA chains, twice the rows per pass.
+    pub(crate) struct Avx512;
+
+    /// Rows per pass of the few-rows path: 8 rows × 3 panels = 24 accumulators, three weight
+    /// vectors and a broadcast within the 32 registers; a batch of 8 reads each weight once.
+    const FEW_MR: usize = 8;
+    /// Panels per pass of the few-rows path (weight streams in flight).
+    const FEW_G: usize = 3;
+    /// Panel rows ahead that the few-rows path prefetches (24 rows = 24 cache lines per stream):
+    /// measured 4.7–5.1× → 5.7–5.95× one sequence's tok/s at 8 sequences.
+    const PREFETCH: usize = 24;
+
+    impl Avx512 {
+        /// Rows `0..t` against the `G` whole panels `p..p+G`, `FEW_MR` rows per pass.
+        #[inline(always)]
+        unsafe fn rows_wide<S: Source, const G: usize>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            t: usize,
+            k: usize,
+            n: usize,
+            p: usize,
+        ) {
+            let mut r = 0;
+            while r + FEW_MR <= t {
+                Self::wide::<S, FEW_MR, G>(src, out, inp, bias, k, n, p, r);
+                r += FEW_MR;
+            }
+            match t - r {
+                0 => {}
+                1 => Self::wide::<S, 1, G>(src, out, inp, bias, k, n, p, r),
+                2 => Self::wide::<S, 2, G>(src, out, inp, bias, k, n, p, r),
+                3 => Self::wide::<S, 3, G>(src, out, inp, bias, k, n, p, r),
+                4 => Self::wide::<S, 4, G>(src, out, inp, bias, k, n, p, r),
+                5 => Self::wide::<S, 5, G>(src, out, inp, bias, k, n, p, r),
+                6 => Self::wide::<S, 6, G>(src, out, inp, bias, k, n, p, r),
+                _ => Self::wide::<S, 7, G>(src, out, inp, bias, k, n, p, r),
+            }
+        }
+    }
+
+    impl TileKernel for Avx512 {
+        /// Four panels at a time, as the AVX2 decode: four FMA chains and four weight streams.
+        #[inline(always)]
+        unsafe fn decode<S: Source>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p0: usize,
+            p1: usize,
+        ) {
+            const G: usize = 4;
+            let mut p = p0;
+            while p + G <= p1 && (p + G) * NR <= n {
+                Self::wide::<S, 1, G>(src, out, inp, bias, k, n, p, 0);
+                p += G;
+            }
+            for p in p..p1 {
+                Self::tile::<S, 1>(src, out, inp, bias, k, n, p, 0, 0, k);
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn tile<S: Source, const R: usize>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p: usize,
+            r0: usize,
+            kc0: usize,
+            kc1: usize,
+        ) {
+            let c0 = p * NR;
+            if NR.min(n - c0) < NR {
+                // A partial panel: the portable tile handles the ragged edge.
+                return super::packed_tile::<S, R>(src, out, inp, bias, k, n, p, r0, kc0, kc1);
+            }
+            let mut acc = [_mm512_setzero_ps(); R];
+            if kc0 > 0 {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm512_loadu_ps(out.add((r0 + r) * n + c0));
+                }
+            }
+            let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r) * k + kc1].as_ptr());
+            for i in kc0..kc1 {
+                let b = src.row_avx512(p, i);
+                for r in 0..R {
+                    // SAFETY: i < kc1 and row r0+r holds kc1 elements from a_ptr[r] (sliced above).
+                    acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(*a_ptr[r].add(i)), b, acc[r]);
+                }
+            }
+            let last = kc1 == k;
+            let b = if last { _mm512_loadu_ps(bias.as_ptr().add(c0)) } else { _mm512_setzero_ps() };
+            for (r, a) in acc.iter().enumerate() {
+                let v = if last { _mm512_add_ps(*a, b) } else { *a };
+                _mm512_storeu_ps(out.add((r0 + r) * n + c0), v);
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn wide<S: Source, const R: usize, const G: usize>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            k: usize,
+            n: usize,
+            p: usize,
+            r0: usize,
+        ) {
+            let mut acc = [[_mm512_setzero_ps(); R]; G]; // [panel][row]
+            let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r + 1) * k].as_ptr());
+            for i in 0..k {
+                if R > 1 && i + PREFETCH < k {
+                    for q in 0..G {
+                        src.prefetch(p + q, i + PREFETCH);
+                    }
+                }
+                let b: [Z; G] = std::array::from_fn(|q| src.row_avx512(p + q, i));
+                for r in 0..R {
+                    // SAFETY: i < k and row r0+r holds k elements from a_ptr[r] (sliced above).
+                    let a = _mm512_set1_ps(*a_ptr[r].add(i));
+                    for (accq, &bq) in acc.iter_mut().zip(&b) {
+                        accq[r] = _mm512_fmadd_ps(a, bq, accq[r]);
+                    }
+                }
+            }
+            for (q, accq) in acc.iter().enumerate() {
+                let c0 = (p + q) * NR;
+                let b = _mm512_loadu_ps(bias.as_ptr().add(c0));
+                for (r, c) in accq.iter().enumerate() {
+                    _mm512_storeu_ps(out.add((r0 + r) * n + c0), _mm512_add_ps(*c, b));
+                }
+            }
+        }
+
+        /// `FEW_G` panels at a time, `FEW_MR` rows per pass; single panels and the ragged last
+        /// one after.
+        #[inline(always)]
+        unsafe fn few<S: Source>(
+            src: &S,
+            out: *mut f32,
+            inp: &[f32],
+            bias: &[f32],
+            t: usize,
+            k: usize,
+            n: usize,
+            p0: usize,
+            p1: usize,
+        ) {
+            let mut p = p0;
+            while p + FEW_G <= p1 && (p + FEW_G) * NR <= n {
+                Self::rows_wide::<S, FEW_G>(src, out, inp, bias, t, k, n, p);
+                p += FEW_G;
+            }
+            while p < p1 && (p + 1) * NR <= n {
+                Self::rows_wide::<S, 1>(src, out, inp, bias, t, k, n, p);
+                p += 1;
+            }
+            for q in p..p1 {
+                for r in 0..t {
+                    Self::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
                 }
             }
         }

@@ -342,3 +342,22 @@ fn vocabulary_projection_and_embedding_columns_every_type_and_path() {
         }
     }
 }
+
+#[test]
+fn every_instruction_set_the_cpu_reports_is_listed_and_so_tested() {
+    let names: Vec<&str> = Isa::available().iter().map(|i| i.name()).collect();
+    assert_eq!(names[0], "scalar", "the reference comes first");
+    assert_eq!(Isa::detect().name(), *names.last().unwrap(), "detect picks the best listed");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        assert_eq!(names.contains(&"avx2+fma"), avx2, "{names:?}");
+        assert_eq!(names.contains(&"avx512"), avx2 && has!("avx512f"), "{names:?}");
+    }
+    for n in &names {
+        assert_eq!(Isa::by_name(n).map(|i| i.name()), Some(*n));
+    }
+    assert!(Isa::by_name("sse9").is_none());
+    eprintln!("instruction sets tested on this CPU: {}", names.join(", "));
+}

@@ -58,6 +58,10 @@ pub struct ModelArgs {
     /// (int8 with an f32 scale per row and 32 columns, quantized at load).
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     pub dtype: Dtype,
+    /// The instruction set the kernels use (default: the best this CPU has). Any of them gives
+    /// the same bits; this is for measuring one against another.
+    #[arg(long, value_name = "NAME")]
+    pub isa: Option<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -188,7 +192,18 @@ pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {
 }
 
 pub fn load(m: &ModelArgs) -> Result<Loaded> {
-    Ok(kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?)
+    let isa = match &m.isa {
+        None => None,
+        Some(name) => Some(kvgpt_kernels::Isa::by_name(name).ok_or_else(|| {
+            let names: Vec<&str> = kvgpt_kernels::Isa::available().iter().map(|i| i.name()).collect();
+            anyhow::anyhow!("--isa {name:?}: this CPU offers {}; pick one of them", names.join(", "))
+        })?),
+    };
+    let mut loaded = kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?;
+    if let Some(isa) = isa {
+        loaded.model = loaded.model.with_isa(isa);
+    }
+    Ok(loaded)
 }
 
 /// The prompt text from the argument, `--prompt-file` or standard input.
