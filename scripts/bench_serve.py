@@ -36,7 +36,9 @@ Also measured:
   TTFT hit vs miss  a fresh S-token prefix + a Q-token question (miss), then the same prefix with
                     another question (hit), alone on the server, --hm-reps times with fresh
                     prefixes; reported: median miss TTFT / median hit TTFT
-  decode scaling    output tok/s of the unique workload at concurrency 8 / at concurrency 1
+  decode scaling    output tok/s of the unique workload at concurrency 8 / at concurrency 1; with
+                    the default 500-token prompts this is mostly prefill: for decode alone, run
+                    --workloads unique --system 4 --question 4 --output 128 --concurrency 1,8
   bit identity      the shared cell's requests at concurrency 1 (served one at a time, first) are
                     sent again at --identity-concurrency (default 8), twice (the second pass finds
                     every prompt in the cache); kvgpt's texts must equal the concurrency-1 texts,
