@@ -22,6 +22,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// Columns of the fused QKV projection, `3·C` (checked not to overflow when the config is read).
+    pub fn qkv_width(&self) -> usize {
+        3 * self.n_embd
+    }
+
     /// Head size `HS = C / NH`.
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
@@ -113,17 +118,19 @@ impl Config {
 
         let n_embd = get_usize(&["n_embd", "hidden_size"], None)?;
         let n_head = get_usize(&["n_head", "num_attention_heads"], None)?;
-        if n_embd % n_head != 0 {
-            return Err(unsupported("n_head", &obj["n_head"], &format!("n_embd ({n_embd}) must be a multiple of it")));
+        if n_embd.checked_mul(4).is_none_or(|x| x > u32::MAX as usize) {
+            return Err(unsupported("n_embd", &n_embd.into(), "too large (at most 2^32 / 4)"));
         }
-        let eps = match obj.get("layer_norm_epsilon") {
-            None | Some(Value::Null) => 1e-5,
-            Some(v) => v
-                .as_f64()
-                .filter(|e| *e > 0.0 && e.is_finite())
-                .ok_or_else(|| unsupported("layer_norm_epsilon", v, "expected a positive number"))?
-                as f32,
-        };
+        if !n_embd.is_multiple_of(n_head) {
+            return Err(unsupported("n_head", &n_head.into(), &format!("n_embd ({n_embd}) must be a multiple of it")));
+        }
+        let eps =
+            match obj.get("layer_norm_epsilon") {
+                None | Some(Value::Null) => 1e-5,
+                Some(v) => v.as_f64().map(|e| e as f32).filter(|e| *e > 0.0 && e.is_finite()).ok_or_else(|| {
+                    unsupported("layer_norm_epsilon", v, "expected a positive number that fits in f32")
+                })?,
+            };
         let token_id = |key: &str| -> Result<u32> {
             match obj.get(key) {
                 None | Some(Value::Null) => Ok(50256),
@@ -146,8 +153,15 @@ impl Config {
             bos_token_id: token_id("bos_token_id")?,
             eos_token_id: token_id("eos_token_id")?,
         };
-        if cfg.eos_token_id as usize >= cfg.vocab_size {
-            return Err(unsupported("eos_token_id", &obj["eos_token_id"], "outside the vocabulary"));
+        for (key, id) in [("eos_token_id", cfg.eos_token_id), ("bos_token_id", cfg.bos_token_id)] {
+            if id as usize >= cfg.vocab_size {
+                let why = format!(
+                    "outside the vocabulary of {} tokens{}",
+                    cfg.vocab_size,
+                    if obj.get(key).is_none() { " (50256 is GPT-2's default; set the key)" } else { "" }
+                );
+                return Err(unsupported(key, &id.into(), &why));
+            }
         }
         Ok(cfg)
     }

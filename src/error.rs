@@ -13,8 +13,26 @@ pub enum Error {
     #[error("{file}: tensor `{name}` is missing (looked for it with and without the `transformer.` prefix)")]
     MissingTensor { name: String, file: PathBuf },
 
-    #[error("{file}: tensor `{name}` has shape {got:?}, expected {want:?} from config.json")]
-    WrongShape { name: String, file: PathBuf, got: Vec<usize>, want: Vec<usize> },
+    #[error(
+        "{file}: tensor `{name}` has shape {got:?}, but config.json ({keys}) makes it {want:?}; \
+         use the config.json that belongs to these weights"
+    )]
+    WrongShape { name: String, file: PathBuf, got: Vec<usize>, want: Vec<usize>, keys: String },
+
+    #[error(
+        "{file}: config.json says n_layer = {n_layer}, but the file holds {blocks} transformer blocks \
+         (h.0 … h.{}); set n_layer to {blocks}, or use the config.json that belongs to these weights",
+        blocks - 1
+    )]
+    ExtraBlocks { file: PathBuf, n_layer: usize, blocks: usize },
+
+    #[error(
+        "{file}: tensor `{name}` holds {value} at {index:?}; the weights are damaged (re-download or re-save them)"
+    )]
+    NonFinite { file: PathBuf, name: String, index: Vec<usize>, value: f32 },
+
+    #[error("{path} is a directory, not a file")]
+    NotAFile { path: PathBuf },
 
     #[error("{file}: tensor `{name}` has dtype {got}; kvgpt reads F32, F16 and BF16 tensors")]
     WrongDtype { name: String, file: PathBuf, got: String },
@@ -65,6 +83,9 @@ pub enum Error {
 
     #[error("{file} holds {} tensors; name the one to compare ({})", names.len(), names.join(", "))]
     WhichTensor { file: PathBuf, names: Vec<String> },
+
+    #[error("could not write to {what}")]
+    Write { what: String, source: std::io::Error },
 
     #[error("{0}")]
     Invalid(String),

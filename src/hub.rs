@@ -72,7 +72,28 @@ impl Locate {
                     .into(),
             });
         }
+        if spec.trim().is_empty() {
+            return Err(Error::NotAModel {
+                spec: format!("{spec:?}"),
+                why: "the name is empty; a model is a folder (config.json, model.safetensors, tokenizer.json) or a \
+                      hub id like distilbert/distilgpt2"
+                    .into(),
+            });
+        }
+        let hub_id = |s: &str| {
+            let part = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+            let mut it = s.split('/');
+            it.next().is_some_and(part) && it.next().is_none_or(part) && it.next().is_none()
+        };
         let looks_like_path = spec.starts_with(['.', '/', '~']) || spec.matches('/').count() > 1 || spec.contains('\\');
+        if !looks_like_path && !hub_id(spec) {
+            return Err(Error::NotAModel {
+                spec: spec.into(),
+                why: "no such folder, and not a hub id (letters, digits, '.', '_', '-', one '/': \
+                      distilbert/distilgpt2)"
+                    .into(),
+            });
+        }
         if looks_like_path {
             return Err(Error::NotAModel {
                 spec: spec.into(),
@@ -136,6 +157,8 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
         let p = dir.join(f);
         if p.is_file() {
             Ok(p)
+        } else if p.is_dir() {
+            Err(Error::NotAFile { path: p })
         } else {
             Err(Error::MissingFile {
                 path: p,

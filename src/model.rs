@@ -178,7 +178,7 @@ impl Model {
     pub fn load_as(config_path: &Path, weights_path: &Path, dtype: WeightType) -> Result<Model> {
         let config = Config::from_file(config_path)?;
         let ck = Checkpoint::open(weights_path)?;
-        ck.check_names(&config)?;
+        ck.check(&config)?;
         let (c, f) = (config.n_embd, config.n_inner);
         let v = config.vocab_size;
         // wte (the largest tensor) on one worker while the blocks load on the others.
@@ -215,7 +215,7 @@ impl Model {
             },
         );
         let ((wte, stored), h) = (wte?, h?);
-        let stored_dtype = format!("{stored:?}").to_lowercase();
+        let stored_dtype = stored.name().to_string();
         Ok(Model {
             wte,
             no_bias: vec![0.0; v],

@@ -283,3 +283,117 @@ fn context_overflow_is_an_error_before_any_work() {
         loaded.model.forward(&[50257], &mut KvCache::new(cfg), &mut scratch, &mut NoTap, &mut logits).unwrap_err();
     assert!(matches!(err, Error::BadTokenId { id: 50257, .. }), "{err}");
 }
+
+// ---- Issue #9, class 1: config sizes are checked against the file's header before anything is
+// allocated; class 5: the file is read, not mapped; class 6: non-finite values are named.
+
+#[test]
+fn config_sizes_are_checked_against_the_header_before_allocating() {
+    // Sizes that would ask for terabytes: refused by the shape check, naming key and shapes.
+    assert_mentions(
+        &with_config(|c| c["n_positions"] = 1_000_000_000_000u64.into()),
+        &["transformer.wpe.weight", "[128, 64]", "[1000000000000, 64]", "n_positions × n_embd"],
+    );
+    assert_mentions(
+        &with_config(|c| c["vocab_size"] = 1_000_000_000_000u64.into()),
+        &["transformer.wte.weight", "[50257, 64]", "vocab_size × n_embd"],
+    );
+    assert_mentions(&with_config(|c| c["n_embd"] = (1u64 << 62).into()), &["n_embd", "too large"]);
+    assert_mentions(&with_config(|c| c["n_inner"] = (1u64 << 40).into()), &["mlp.c_fc.weight", "n_inner"]);
+    // HF's alternative key names, and a config without eos_token_id, load (no map index panics).
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let o = cfg.as_object_mut().unwrap();
+    for (old, new) in [("n_head", "num_attention_heads"), ("n_layer", "num_hidden_layers"), ("n_embd", "hidden_size")] {
+        let v = o.remove(old).unwrap();
+        o.insert(new.into(), v);
+    }
+    o.remove("eos_token_id");
+    o.remove("bos_token_id");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    assert_eq!((loaded.model.config.n_head, loaded.model.config.eos_token_id), (4, 50256));
+    // An alias with a bad value is refused without a panic.
+    assert_mentions(
+        &with_config(|c| {
+            let o = c.as_object_mut().unwrap();
+            o.remove("n_head");
+            o.insert("num_attention_heads".into(), 5.into());
+        }),
+        &["n_head", "multiple"],
+    );
+    // Fewer layers in the config than blocks in the file: refused, not silently dropped.
+    assert_mentions(&with_config(|c| c["n_layer"] = 1.into()), &["n_layer = 1", "2 transformer blocks", "h.0 … h.1"]);
+    // An epsilon that is finite in f64 but infinite in f32.
+    assert_mentions(&with_config(|c| c["layer_norm_epsilon"] = 1e300.into()), &["layer_norm_epsilon", "f32"]);
+}
+
+#[test]
+fn header_faults_name_the_tensor() {
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + n]).unwrap().to_string();
+    let rewrite = |h: &str| {
+        let mut h = h.to_string();
+        while h.len() < n {
+            h.push(' ');
+        }
+        let mut out = (h.len() as u64).to_le_bytes().to_vec();
+        out.extend(h.as_bytes());
+        out.extend(&bytes[8 + n..]);
+        std::fs::write(&path, out).unwrap();
+        load_error(dir.path())
+    };
+    // data_offsets that disagree with the shape: the tensor is named.
+    let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+    let t = &mut v["transformer.ln_f.bias"];
+    t["shape"] = serde_json::json!([63]);
+    assert_mentions(&rewrite(&v.to_string()), &["transformer.ln_f.bias", "[63]", "data_offsets"]);
+    // Unknown dtype, a bad shape entry, overlapping offsets.
+    let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+    v["transformer.ln_f.bias"]["dtype"] = "F33".into();
+    assert_mentions(&rewrite(&v.to_string()), &["transformer.ln_f.bias", "unknown dtype \"F33\""]);
+    let mut v: serde_json::Value = serde_json::from_str(&header).unwrap();
+    v["transformer.ln_f.bias"]["shape"] = serde_json::json!([-64]);
+    assert_mentions(&rewrite(&v.to_string()), &["transformer.ln_f.bias", "non-negative integers"]);
+    // The data section cut short: truncated, with the sizes.
+    std::fs::write(&path, &bytes[..bytes.len() - 10]).unwrap();
+    assert_mentions(&load_error(dir.path()), &["truncated", "model.safetensors"]);
+    // A directory where the weights file should be.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::create_dir(&path).unwrap();
+    assert_mentions(&load_error(dir.path()), &["model.safetensors", "is a directory"]);
+}
+
+#[test]
+fn non_finite_weights_are_named_at_load() {
+    for (bad, shown) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf"), (f32::NEG_INFINITY, "-inf")] {
+        let t: Vec<_> = fixture_tensors()
+            .into_iter()
+            .map(|mut t| {
+                if t.0 == "transformer.h.1.mlp.c_fc.weight" {
+                    let at = (3 * 256 + 17) * 4; // element [3, 17] of [64, 256]
+                    t.3[at..at + 4].copy_from_slice(&bad.to_le_bytes());
+                }
+                t
+            })
+            .collect();
+        assert_mentions(&load_error(variant(&t).path()), &["transformer.h.1.mlp.c_fc.weight", shown, "[3, 17]"]);
+    }
+}
+
+#[test]
+fn a_weights_file_that_shrinks_while_loading_is_an_error_not_sigbus() {
+    // The reader holds no map of the file: truncating it after the header was read gives a short
+    // read, reported as such (a memory map would die of SIGBUS here).
+    let dir = variant(&fixture_tensors());
+    let path = dir.path().join("model.safetensors");
+    let ck = kvgpt::checkpoint::Checkpoint::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 3).unwrap();
+    let e = ck.tensor("wte.weight", &[50257, 64]).unwrap_err().to_string();
+    assert_mentions(&e, &["model.safetensors", "ended before tensor `transformer.wte.weight`", "being written"]);
+}

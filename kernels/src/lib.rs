@@ -262,25 +262,31 @@ pub fn attention(
     }
 }
 
-/// Maps a file read-only. It lives here because this crate holds all of the project's `unsafe`.
-pub fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
-    // SAFETY: the map is read-only. Another process truncating or rewriting the file while it is
-    // mapped could change the bytes or fault; callers only read it while loading a checkpoint,
-    // and safetensors validates every offset against the map's length first.
-    unsafe { memmap2::Mmap::map(file) }
-}
+/// Facts about the process that safe std cannot tell.
+pub mod process {
+    use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Tells the OS that bytes `offset..offset+len` of a read-only file map are not needed any
-/// more, so that their pages stop counting as resident memory (they are re-read from the file if
-/// touched again). Errors are ignored: this only lowers memory use.
-pub fn release_map_range(map: &memmap2::Mmap, offset: usize, len: usize) {
-    #[cfg(unix)]
-    // SAFETY: the map is a read-only, file-backed mapping. MADV_DONTNEED drops its pages; any
-    // later read faults them back in from the unchanged file, so no reference to the map ever
-    // observes different bytes.
-    unsafe {
-        let _ = map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len);
+    /// Set once, before `main`, by [`probe`]: whether file descriptor 1 was closed.
+    static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+    /// Whether standard output was closed when the process started (`kvgpt … >&-`). Rust's
+    /// runtime reopens a closed descriptor 0–2 on /dev/null before `main`, after which writes
+    /// succeed and vanish; this records what it was before.
+    pub fn stdout_closed_at_start() -> bool {
+        STDOUT_CLOSED.load(Ordering::Relaxed)
     }
-    #[cfg(not(unix))]
-    let _ = (map, offset, len);
+
+    #[cfg(target_os = "linux")]
+    #[used]
+    #[unsafe(link_section = ".init_array")]
+    static PROBE: extern "C" fn() = probe;
+
+    /// Runs from `.init_array`, before Rust's runtime touches the standard descriptors.
+    #[cfg(target_os = "linux")]
+    extern "C" fn probe() {
+        // SAFETY: fcntl(F_GETFD) only reads the descriptor's flags; on a closed descriptor it
+        // returns -1 (EBADF) and changes nothing.
+        let r = unsafe { libc::fcntl(1, libc::F_GETFD) };
+        STDOUT_CLOSED.store(r == -1, Ordering::Relaxed);
+    }
 }
