@@ -31,8 +31,28 @@ impl Format {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::write(path, bytes)
-        .map_err(|e| Error::Invalid(format!("could not write {}: {e}; choose a writable path", path.display())))
+    write_atomic(path, bytes)
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`: a failed write
+/// (a full disk, a signal) leaves `path` as it was and no half file behind. A symlink at `path`
+/// is replaced, never written through.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let name = path.file_name().ok_or_else(|| Error::Invalid(format!("{} is not a file name", path.display())))?;
+    let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::Write { what: path.display().to_string(), source: e });
+    }
+    Ok(())
 }
 
 /// Writes `tensors` to `path`: all of them as safetensors, or the first as `.npy`.
@@ -120,50 +140,156 @@ pub fn read(path: &Path, name: Option<&str>) -> Result<(Vec<usize>, Vec<f32>)> {
     Ok((t.shape().to_vec(), data))
 }
 
-fn read_npy(bytes: &[u8]) -> std::result::Result<(Vec<usize>, Vec<f32>), String> {
-    let (hlen, start) = match bytes.get(6) {
-        Some(1) => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        Some(2) | Some(3) => (u32::from_le_bytes(bytes[8..12].try_into().map_err(|_| "truncated")?) as usize, 12),
-        _ => return Err("unsupported .npy version".into()),
+/// Parses a `.npy` file (versions 1–3) holding little-endian f4 or f8 in C order. Every fault is
+/// an error saying what is wrong; the data must be exactly as long as the header's shape says.
+pub fn read_npy(bytes: &[u8]) -> std::result::Result<(Vec<usize>, Vec<f32>), String> {
+    if bytes.len() < 8 || &bytes[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file (the magic \\x93NUMPY and version are missing or cut short)".into());
+    }
+    let (hlen, start) = match bytes[6] {
+        1 => (bytes.get(8..10).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize), 10usize),
+        2 | 3 => (bytes.get(8..12).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize), 12),
+        v => return Err(format!(".npy version {v} is not supported (1, 2 and 3 are)")),
     };
-    let header = std::str::from_utf8(bytes.get(start..start + hlen).ok_or("truncated .npy header")?)
-        .map_err(|_| "the .npy header is not text")?;
-    let field = |key: &str| -> Option<&str> {
-        let at = header.find(&format!("'{key}'"))? + key.len() + 2;
-        Some(header[at..].trim_start().trim_start_matches(':').trim_start())
+    let hlen = hlen.ok_or("the .npy header length is cut short")?;
+    let end = start.checked_add(hlen).filter(|&e| e <= bytes.len()).ok_or_else(|| {
+        format!("the .npy header says it is {hlen} bytes long but the file has only {} after it", bytes.len() - start)
+    })?;
+    let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| "the .npy header is not text")?;
+    let dict = NpyDict::parse(header)?;
+    let width = match dict.descr.as_str() {
+        "<f4" => 4,
+        "<f8" => 8,
+        d => return Err(format!("dtype {d:?} is not supported; save the logits as float32 or float64 (<f4, <f8)")),
     };
-    let descr = field("descr").ok_or("no descr in the .npy header")?;
-    let width = if descr.starts_with("'<f4'") {
-        4
-    } else if descr.starts_with("'<f8'") {
-        8
-    } else {
-        return Err(format!(
-            "dtype {} is not supported; save the logits as float32 or float64",
-            &descr[..6.min(descr.len())]
-        ));
-    };
-    if field("fortran_order").is_some_and(|f| f.starts_with("True")) {
+    if dict.fortran_order {
         return Err("Fortran-order arrays are not supported; save with np.ascontiguousarray".into());
     }
-    let shape_txt = field("shape").ok_or("no shape in the .npy header")?;
-    let inner = &shape_txt[1..shape_txt.find(')').ok_or("bad shape")?];
-    let shape: Vec<usize> = inner
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().map_err(|_| "bad shape"))
-        .collect::<std::result::Result<_, _>>()?;
-    let n: usize = shape.iter().product();
-    let body = &bytes[start + hlen..];
-    if body.len() < n * width {
-        return Err(format!("holds {} bytes of data, shape {shape:?} needs {}", body.len(), n * width));
+    let n = dict.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("the shape is too large")?;
+    let want = n.checked_mul(width).ok_or("the shape is too large")?;
+    let body = &bytes[end..];
+    if body.len() != want {
+        return Err(format!(
+            "holds {} bytes of data, but shape {:?} of {} needs exactly {want}",
+            body.len(),
+            dict.shape,
+            dict.descr
+        ));
     }
     let data = match width {
-        4 => body[..n * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        _ => body[..n * 8].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
+        4 => body.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        _ => body.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
     };
-    Ok((shape, data))
+    Ok((dict.shape, data))
+}
+
+/// The header of a `.npy` file: a Python dict literal with `descr`, `fortran_order`, `shape`.
+struct NpyDict {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<usize>,
+}
+
+impl NpyDict {
+    fn parse(text: &str) -> std::result::Result<NpyDict, String> {
+        let mut p = Cursor { s: text.trim_end(), at: 0 };
+        let (mut descr, mut fortran, mut shape) = (None, None, None);
+        p.expect('{')?;
+        loop {
+            if p.eat('}') {
+                break;
+            }
+            let key = p.string()?;
+            p.expect(':')?;
+            match key.as_str() {
+                "descr" => descr = Some(p.string()?),
+                "fortran_order" => fortran = Some(p.boolean()?),
+                "shape" => shape = Some(p.tuple()?),
+                k => return Err(format!("unknown key {k:?} in the .npy header")),
+            }
+            if !p.eat(',') {
+                p.expect('}')?;
+                break;
+            }
+        }
+        if !p.rest().is_empty() {
+            return Err("unexpected text after the .npy header's dict".into());
+        }
+        Ok(NpyDict {
+            descr: descr.ok_or("no descr in the .npy header")?,
+            fortran_order: fortran.ok_or("no fortran_order in the .npy header")?,
+            shape: shape.ok_or("no shape in the .npy header")?,
+        })
+    }
+}
+
+/// A cursor over a Python literal (only what `.npy` headers hold).
+struct Cursor<'a> {
+    s: &'a str,
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn rest(&mut self) -> &str {
+        self.at += self.s[self.at..].len() - self.s[self.at..].trim_start().len();
+        &self.s[self.at..]
+    }
+    fn eat(&mut self, c: char) -> bool {
+        let hit = self.rest().starts_with(c);
+        if hit {
+            self.at += c.len_utf8();
+        }
+        hit
+    }
+    fn expect(&mut self, c: char) -> std::result::Result<(), String> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            let got: String = self.rest().chars().take(12).collect();
+            Err(format!("malformed .npy header: expected '{c}' at {:?}", got))
+        }
+    }
+    fn string(&mut self) -> std::result::Result<String, String> {
+        let q = self.rest().chars().next().filter(|c| *c == '\'' || *c == '"').ok_or_else(|| {
+            let got: String = self.rest().chars().take(12).collect();
+            format!("malformed .npy header: expected a quoted string at {got:?}")
+        })?;
+        self.at += 1;
+        let len = self.s[self.at..].find(q).ok_or("malformed .npy header: an unterminated string")?;
+        let v = self.s[self.at..self.at + len].to_string();
+        self.at += len + 1;
+        Ok(v)
+    }
+    fn boolean(&mut self) -> std::result::Result<bool, String> {
+        for (word, v) in [("True", true), ("False", false)] {
+            if self.rest().starts_with(word) {
+                self.at += word.len();
+                return Ok(v);
+            }
+        }
+        Err("malformed .npy header: fortran_order must be True or False".into())
+    }
+    fn tuple(&mut self) -> std::result::Result<Vec<usize>, String> {
+        self.expect('(')?;
+        let mut dims = Vec::new();
+        loop {
+            if self.eat(')') {
+                return Ok(dims);
+            }
+            let r = self.rest();
+            let len = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+            let d = r[..len].parse().map_err(|_| {
+                let got: String = r.chars().take(12).collect();
+                format!("malformed .npy header: a shape entry must be a non-negative integer, got {got:?}")
+            })?;
+            self.at += len;
+            dims.push(d);
+            if !self.eat(',') {
+                self.expect(')')?;
+                return Ok(dims);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

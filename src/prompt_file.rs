@@ -12,8 +12,7 @@ use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvSpan};
 use crate::model::Model;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"KVGPTPC1";
 const VERSION: u32 = 1;
@@ -128,25 +127,7 @@ pub fn save(path: &Path, model: &Model, ids: &[u32], cache: &KvCache) -> Result<
     kv.data.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
     let sum = fnv1a(FNV_OFFSET, &out);
     out.extend_from_slice(&sum.to_le_bytes());
-    write_atomic(path, &out)
-}
-
-/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| Error::Invalid(format!("{} is not a file name", path.display())))?;
-    let tmp: PathBuf = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::io(path, e));
-    }
-    Ok(())
+    crate::export::write_atomic(path, &out)
 }
 
 /// How many leading tokens of `prompt` a saved prompt can supply: the common prefix, at most

@@ -63,9 +63,15 @@ impl Sampler {
         if self.cfg.is_greedy() {
             return argmax(logits);
         }
-        let inv_t = 1.0 / self.cfg.temperature;
+        // A tiny temperature is the limit T → 0: all the probability on the most likely token
+        // (shared evenly by exact ties). 1/T may overflow (T below ~3e-39), and l/T may overflow
+        // for large logits; then the logits are shifted by their maximum first, so the scaled
+        // values are 0 for the maximum and -inf or finite below it, never NaN.
+        let inv_t = (1.0 / self.cfg.temperature).min(f32::MAX);
+        let (lo, hi) = logits.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &l| (a.min(l), b.max(l)));
+        let shift = if (lo.abs().max(hi.abs()) * inv_t).is_finite() { 0.0 } else { hi };
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (l * inv_t, i as u32)));
+        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| ((l - shift) * inv_t, i as u32)));
         // Most likely first; ties by lower id, so the order is total and portable.
         let by_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         if let Some(k) = self.cfg.top_k.filter(|&k| k > 0 && k < self.cand.len()) {
@@ -76,7 +82,9 @@ impl Sampler {
         let max = self.cand[0].0;
         let mut total = 0.0f64;
         for c in self.cand.iter_mut() {
-            c.0 = exp_approx(c.0 - max);
+            // Below e^-87 (f32's smallest normal) a weight is 0, not exp_approx's clamped floor.
+            let d = c.0 - max;
+            c.0 = if d < -87.0 { 0.0 } else { exp_approx(d) };
             total += c.0 as f64;
         }
         if let Some(p) = self.cfg.top_p.filter(|&p| p < 1.0) {
@@ -130,6 +138,27 @@ mod tests {
                 assert_eq!(s.sample(&logits), best);
             }
         }
+    }
+
+    #[test]
+    fn a_tiny_temperature_is_greedy_and_ties_share_the_mass() {
+        let mut logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.7 - 30.0).collect();
+        logits[417] = 41.0; // one clear maximum, and logits large enough that l / T overflows
+        for t in [1e-3f32, 1e-20, 1e-38, 1e-45] {
+            for top_k in [None, Some(1), Some(5)] {
+                let mut s = Sampler::new(Sampling { temperature: t, top_k, top_p: None, seed: 3 }, logits.len());
+                for _ in 0..50 {
+                    assert_eq!(s.sample(&logits), 417, "T={t} top_k={top_k:?}");
+                }
+            }
+        }
+        // Two equal maxima: each is drawn about half the time, nothing else ever.
+        logits[9] = 41.0;
+        let mut s = Sampler::new(Sampling { temperature: 1e-38, top_k: None, top_p: None, seed: 5 }, logits.len());
+        let draws: Vec<u32> = (0..4000).map(|_| s.sample(&logits)).collect();
+        assert!(draws.iter().all(|&d| d == 9 || d == 417));
+        let nine = draws.iter().filter(|&&d| d == 9).count() as f64 / 4000.0;
+        assert!((nine - 0.5).abs() < 0.04, "{nine}");
     }
 
     #[test]

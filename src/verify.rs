@@ -106,14 +106,38 @@ pub fn cache_vs_recompute(
 
 /// The engine's logits for `ids` (every position) against `reference` (`[R, V]` for the last R
 /// positions, R ≤ T).
-pub fn against_reference(model: &Model, ids: &[u32], reference: &[f32], tolerance: f32) -> Result<Comparison> {
+pub fn against_reference(
+    model: &Model,
+    ids: &[u32],
+    shape: &[usize],
+    reference: &[f32],
+    tolerance: f32,
+) -> Result<Comparison> {
     let cfg = &model.config;
     let v = cfg.vocab_size;
-    if reference.is_empty() || !reference.len().is_multiple_of(v) || reference.len() / v > ids.len() {
+    // [V] (one row), [R, V], or with leading dimensions of 1 (HF's batch): [1, R, V].
+    let rows = match shape {
+        [last] if *last == v => 1,
+        [lead @ .., r, last] if *last == v && lead.iter().all(|&d| d == 1) => *r,
+        _ => 0,
+    };
+    if rows == 0 || rows > ids.len() || reference.len() != rows * v {
+        let hint = match shape {
+            [.., a, b] if *a == v && *b != v => " (the vocabulary comes first: transposed?)",
+            _ => "",
+        };
         return Err(Error::Invalid(format!(
-            "the reference holds {} numbers; expected [R, {v}] logits with R between 1 and the prompt's {} tokens",
-            reference.len(),
+            "the reference has shape {shape:?}{hint}; expected [{v}], [R, {v}] or [1, R, {v}] logits with R between \
+             1 and the prompt's {} tokens",
             ids.len()
+        )));
+    }
+    if let Some(i) = reference.iter().position(|x| !x.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "the reference holds {} at row {}, column {}; a reference must be finite",
+            reference[i],
+            i / v,
+            i % v
         )));
     }
     let rows = reference.len() / v;

@@ -65,9 +65,13 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let mut done = 0;
     let rows = kvgpt::bench::run(m, &spec, &mut |t, rep| {
         done += 1;
-        eprint!("\r[kvgpt bench] {done}/{total} runs ({} rep {})        ", t.name(), rep + 1);
+        {
+            use std::io::Write as _;
+            let _ =
+                write!(std::io::stderr(), "\r[kvgpt bench] {done}/{total} runs ({} rep {})        ", t.name(), rep + 1);
+        }
     })?;
-    eprintln!();
+    errln!();
     let rss = peak_rss_bytes().unwrap_or(0);
     let bw = if a.probe_mib > 0 { probe_read_bandwidth(a.probe_mib << 20, 3) } else { 0.0 };
     let threads = rayon::current_num_threads();
@@ -90,8 +94,8 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let json_rows: Vec<Value> = rows.iter().map(|r| row_json(r, &header, weight_bytes)).collect();
     match a.output {
         Format::Json => print_json(&Value::Array(json_rows))?,
-        Format::Csv => print_csv(&json_rows),
-        Format::Md => print_md(&header, &rows, &json_rows, load_ms),
+        Format::Csv => print_csv(&json_rows)?,
+        Format::Md => print_md(&header, &rows, &json_rows, load_ms)?,
     }
     Ok(Outcome::Done)
 }
@@ -135,7 +139,7 @@ fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
     v
 }
 
-fn print_csv(rows: &[Value]) {
+fn print_csv(rows: &[Value]) -> Result<()> {
     let cols = [
         "test",
         "mode",
@@ -155,7 +159,7 @@ fn print_csv(rows: &[Value]) {
         "git",
         "batch",
     ];
-    println!("{}", cols.join(","));
+    outln!("{}", cols.join(","));
     for r in rows {
         let cells: Vec<String> = cols
             .iter()
@@ -165,13 +169,14 @@ fn print_csv(rows: &[Value]) {
                 v => v.to_string(),
             })
             .collect();
-        println!("{}", cells.join(","));
+        outln!("{}", cells.join(","));
     }
+    Ok(())
 }
 
-fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
+fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) -> Result<()> {
     let mb = |k: &str| h[k].as_f64().unwrap_or(0.0) / 1e6;
-    println!(
+    outln!(
         "kvgpt bench — {} ({} layers, n_embd {}, {} heads) | dtype {} | {} threads | isa {} | cpu {} | git {}",
         h["model"].as_str().unwrap_or(""),
         h["n_layer"],
@@ -187,17 +192,17 @@ fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
         h["git"].as_str().unwrap_or(""),
     );
     let (w, kv, rss) = (mb("weight_bytes"), mb("kv_cache_bytes"), mb("peak_rss_bytes"));
-    println!(
+    outln!(
         "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
         rss / (w + kv),
         h["read_bandwidth_gb_s"].as_f64().unwrap_or(0.0)
     );
-    println!("Only forward passes are timed: tokenization and sampling are excluded (synthetic ids, argmax outside the timer).\n");
-    println!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    outln!("Only forward passes are timed: tokenization and sampling are excluded (synthetic ids, argmax outside the timer).\n");
+    outln!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
+    outln!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in js {
         let f = |k: &str, p: usize| r[k].as_f64().map(|x| format!("{x:.p$}")).unwrap_or_default();
-        println!(
+        outln!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r["test"].as_str().unwrap_or(""),
             r["prompt_tokens"],
@@ -214,27 +219,27 @@ fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
     // Cached against uncached decoding per context length.
     let decode: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Decode { cached: false, .. })).collect();
     if !decode.is_empty() {
-        println!("\n| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |");
-        println!("|---|---:|---:|---:|---:|");
+        outln!("\n| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |");
+        outln!("|---|---:|---:|---:|---:|");
         for u in decode {
             let Test::Decode { prompt, gen, .. } = u.test else { continue };
             let c = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
             let (ca, ua) = (c.map(|c| mean_sd(&c.tok_s).0).unwrap_or(0.0), mean_sd(&u.tok_s).0);
-            println!("| tg{gen} | {prompt} | {ca:.1} | {ua:.1} | {:.1}× |", ca / ua.max(1e-12));
+            outln!("| tg{gen} | {prompt} | {ca:.1} | {ua:.1} | {:.1}× |", ca / ua.max(1e-12));
         }
     }
     // Batched decoding against one sequence at the same context.
     let batched: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Batched { .. })).collect();
     if !batched.is_empty() {
-        println!(
+        outln!(
             "\n| batched decode | context (prompt) | sequences | tok/s (all) | tok/s per sequence | × one sequence |"
         );
-        println!("|---|---:|---:|---:|---:|---:|");
+        outln!("|---|---:|---:|---:|---:|---:|");
         for b in batched {
             let Test::Batched { prompt, gen, batch } = b.test else { continue };
             let one = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
             let (all, single) = (mean_sd(&b.tok_s).0, one.map(|r| mean_sd(&r.tok_s).0).unwrap_or(0.0));
-            println!(
+            outln!(
                 "| tg{gen} | {prompt} | {batch} | {all:.1} | {:.1} | {:.2}× |",
                 all / batch as f64,
                 all / single.max(1e-12)
@@ -248,12 +253,13 @@ fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) {
             .find(|r| r.test == Test::Decode { prompt: 4, gen: r_gen(r), cached: true })
             .map(|r| percentile(&r.step_ms, 50.0))
             .unwrap_or(0.0);
-        println!(
+        outln!(
             "\nload to first token (4-token prompt): {:.1} ms = {:.1} decode steps of {step:.2} ms",
             load_ms + ttft,
             (load_ms + ttft) / step.max(1e-9)
         );
     }
+    Ok(())
 }
 
 fn r_gen(r: &Row) -> usize {

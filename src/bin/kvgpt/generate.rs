@@ -95,7 +95,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let mut seq = Sequence::new(model, &ids, opts.max_new_tokens, opts.sampling)?;
     let mut saved_ids = None;
     if let Some(file) = &a.prompt_cache {
-        refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
+        crate::refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
         if file.exists() {
             let saved = prompt_file::load(file, model)?;
             let reuse = prompt_file::reusable(&saved, &ids);
@@ -108,7 +108,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let mut stdout = std::io::stdout().lock();
     let mut stream = StreamDecoder::default();
     if !a.json {
-        write!(stdout, "{prompt}").and_then(|_| stdout.flush())?;
+        write!(stdout, "{prompt}").and_then(|_| stdout.flush()).map_err(crate::out::error)?;
     }
     let mut logprobs = Vec::new();
     let g = generate_from(model, &mut seq, &opts, &mut |id, logits| {
@@ -121,7 +121,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         let text = stream.push(tok.token_bytes(id));
         write!(stdout, "{text}")
             .and_then(|_| stdout.flush())
-            .map_err(|e| kvgpt::Error::Invalid(format!("could not write to standard output: {e}")))
+            .map_err(|source| kvgpt::Error::Write { what: "standard output".into(), source })
     })?;
     if let Some(file) = &a.prompt_cache {
         if saved_ids.as_deref() != Some(&ids[..]) {
@@ -163,7 +163,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         writeln!(stdout, "{}", stream.finish())?;
         drop(stdout);
         if a.logprobs.is_some() {
-            eprintln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
+            errln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
             for (i, e) in logprobs.iter().enumerate() {
                 let alts: Vec<String> = e["top"]
                     .as_array()
@@ -173,7 +173,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
                         format!("{:?} {:.3}", c["token"].as_str().unwrap_or(""), c["logprob"].as_f64().unwrap_or(0.0))
                     })
                     .collect();
-                eprintln!(
+                errln!(
                     "  {i:>3} {:>6} {:<16} {:>8.3}  | {}",
                     e["id"].as_u64().unwrap_or(0),
                     format!("{:?}", e["token"].as_str().unwrap_or("")),
@@ -184,10 +184,10 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         }
     }
     if let Some(f) = &a.prompt_cache {
-        eprintln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
+        errln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
     }
     let per_tok = if t.decode_steps > 0 { decode_ms / t.decode_steps as f64 } else { 0.0 };
-    eprintln!(
+    errln!(
         "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
          {per_tok:.2} ms/token ({:.1} tok/s) | {} | finish: {}",
         t.prefill_tokens,
@@ -209,33 +209,10 @@ pub fn tokenize(a: &Input) -> Result<Outcome> {
     if a.json {
         print_json(&json!({ "ids": ids, "tokens": tokens, "pieces": pieces }))?;
     } else {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{} tokens", ids.len())?;
+        outln!("{} tokens", ids.len());
         for (id, p) in ids.iter().zip(&pieces) {
-            writeln!(out, "{id:>6}  {:<20} {p}", format!("{:?}", tok.token_label(*id)))?;
+            outln!("{id:>6}  {:<20} {p}", format!("{:?}", tok.token_label(*id)));
         }
     }
     Ok(Outcome::Done)
-}
-
-/// Refuses an output path that is one of the files the command reads.
-pub fn refuse_input_path(
-    out: &std::path::Path,
-    files: &kvgpt::ModelFiles,
-    prompt_file: Option<&std::path::Path>,
-) -> Result<()> {
-    let Ok(target) = out.canonicalize() else { return Ok(()) }; // a new file cannot be an input
-    let mut inputs = vec![files.config.clone(), files.weights.clone()];
-    inputs.extend(files.tokenizer.paths());
-    inputs.extend(prompt_file.map(std::path::Path::to_path_buf));
-    for input in inputs {
-        if input.canonicalize().is_ok_and(|p| p == target) {
-            bail!(
-                "{} is one of this command's inputs ({}); choose another output file",
-                out.display(),
-                input.display()
-            );
-        }
-    }
-    Ok(())
 }

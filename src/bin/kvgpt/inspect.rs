@@ -144,26 +144,35 @@ fn check_writable(path: &Path) -> Result<()> {
 }
 
 fn write_text(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("could not write {}; choose a writable path", path.display()))
+    Ok(export::write_atomic(path, text.as_bytes())?)
 }
 
 fn do_export(c: &Common, tensors: &[Named]) -> Result<()> {
     if let Some(path) = &c.export {
         let names = export::write(path, tensors)?;
-        eprintln!("[kvgpt] wrote {} ({})", path.display(), names.join(", "));
+        errln!("[kvgpt] wrote {} ({})", path.display(), names.join(", "));
     }
     Ok(())
 }
 
 pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     let c = cmd.common();
+    if let (InspectCmd::Tokens(_), Some(_)) = (&cmd, &c.export) {
+        bail!("inspect tokens has no tensor to --export; --json prints the ids, tokens, bytes and offsets");
+    }
+    let mut outputs: Vec<&Path> = Vec::new();
     if let Some(p) = &c.export {
         export::Format::of(p)?;
-        check_writable(p)?;
+        outputs.push(p);
     }
     if let InspectCmd::Attention { svg, html, .. } = &cmd {
-        for p in svg.iter().chain(html) {
+        outputs.extend(svg.iter().chain(html).map(PathBuf::as_path));
+    }
+    if !outputs.is_empty() {
+        let files = crate::locate(&c.io.model)?;
+        for p in outputs {
             check_writable(p)?;
+            crate::refuse_input_path(p, &files, c.io.prompt.prompt_file.as_deref())?;
         }
     }
     match &cmd {
@@ -205,12 +214,12 @@ fn tokens(c: &Common) -> Result<()> {
             "partial_utf8": partial,
         }))?;
     } else {
-        println!("{} tokens, {} bytes (offsets are byte ranges of the UTF-8 text)", s.ids.len(), at);
-        println!("{:>4} {:>6}  {:<10} {:<22} {:<16} bytes", "pos", "id", "offsets", "text", "piece");
+        outln!("{} tokens, {} bytes (offsets are byte ranges of the UTF-8 text)", s.ids.len(), at);
+        outln!("{:>4} {:>6}  {:<10} {:<22} {:<16} bytes", "pos", "id", "offsets", "text", "piece");
         for (i, &id) in s.ids.iter().enumerate() {
             let hex: Vec<String> = bytes[i].iter().map(|b| format!("{b:02x}")).collect();
             let shown = if partial[i] { s.label(id) } else { format!("{:?}", s.label(id)) };
-            println!(
+            outln!(
                 "{i:>4} {id:>6}  {:<10} {:<22} {:<16} {}{}",
                 format!("[{}, {})", offsets[i][0], offsets[i][1]),
                 shown,
@@ -256,14 +265,14 @@ fn embeddings(c: &Common, dims: usize) -> Result<()> {
     if c.io.json {
         print_json(&json!({ "ids": s.ids, "tokens": s.labels(&s.ids), "n_embd": ch, "dims": d, "positions": rows }))?;
     } else {
-        println!("x = wte[id] + wpe[position]: each row has {ch} numbers; the first {d} and the L2 norm of all {ch}:");
+        outln!("x = wte[id] + wpe[position]: each row has {ch} numbers; the first {d} and the L2 norm of all {ch}:");
         let fmt = |v: &Value| -> String {
             v.as_array().into_iter().flatten().map(|x| format!("{:>8.4}", x.as_f64().unwrap_or(0.0))).collect()
         };
         for r in &rows {
-            println!("pos {} id {} {:?}", r["position"], r["id"], r["token"].as_str().unwrap_or(""));
+            outln!("pos {} id {} {:?}", r["position"], r["id"], r["token"].as_str().unwrap_or(""));
             for (name, key) in [("wte", "wte"), ("wpe", "wpe"), ("sum", "sum")] {
-                println!("  {name:<4}{} | norm {:.4}", fmt(&r[key]), r[format!("{key}_norm")].as_f64().unwrap_or(0.0));
+                outln!("  {name:<4}{} | norm {:.4}", fmt(&r[key]), r[format!("{key}_norm")].as_f64().unwrap_or(0.0));
             }
         }
     }
@@ -324,11 +333,11 @@ fn attention(c: &Common, sel: &Select, generate: usize, svg: Option<&Path>, html
         .collect();
     if let Some(p) = svg {
         write_text(p, &render::svg(&mats, &labels, &title))?;
-        eprintln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
+        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
     }
     if let Some(p) = html {
         write_text(p, &render::html(&mats, &labels, &title))?;
-        eprintln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
+        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
     }
     if c.io.json {
         let nested: Vec<Vec<Vec<&[f32]>>> =
@@ -344,10 +353,10 @@ fn attention(c: &Common, sel: &Select, generate: usize, svg: Option<&Path>, html
         }))?;
     } else {
         let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        println!("{title}; rows are queries, columns keys");
+        outln!("{title}; rows are queries, columns keys");
         for mat in &mats {
-            println!("\nlayer {} head {}", mat.layer, mat.head);
-            print!("{}", render::heatmap(mat, &labels, color));
+            outln!("\nlayer {} head {}", mat.layer, mat.head);
+            out!("{}", render::heatmap(mat, &labels, color));
         }
     }
     do_export(
@@ -366,10 +375,10 @@ fn top_json(s: &Session, row: &[f32], k: usize) -> (Vec<Value>, f64) {
     (top, entropy)
 }
 
-fn print_top(top: &[Value]) {
-    println!("  {:>4} {:>6}  {:<18} {:>10} {:>9}", "rank", "id", "token", "logit", "prob");
+fn print_top(top: &[Value]) -> Result<()> {
+    outln!("  {:>4} {:>6}  {:<18} {:>10} {:>9}", "rank", "id", "token", "logit", "prob");
     for (r, t) in top.iter().enumerate() {
-        println!(
+        outln!(
             "  {:>4} {:>6}  {:<18} {:>10.4} {:>9.5}",
             r + 1,
             t["id"].as_u64().unwrap_or(0),
@@ -378,6 +387,7 @@ fn print_top(top: &[Value]) {
             t["prob"].as_f64().unwrap_or(0.0)
         );
     }
+    Ok(())
 }
 
 fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, lens: bool) -> Result<()> {
@@ -430,15 +440,15 @@ fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, lens: bool) 
         print_json(&if all { Value::Array(views) } else { views.into_iter().next().expect("one position") })?;
     } else {
         for view in &views {
-            println!(
+            outln!(
                 "position {} ({:?}): next-token distribution, entropy {:.4} nats",
                 view["position"],
                 view["token"].as_str().unwrap_or(""),
                 view["entropy"].as_f64().unwrap_or(0.0)
             );
-            print_top(view["top"].as_array().map(|a| a.as_slice()).unwrap_or(&[]));
+            print_top(view["top"].as_array().map(|a| a.as_slice()).unwrap_or(&[]))?;
             if let Some(lens) = view["lens"].as_array() {
-                println!("  logit lens (ln_f + vocabulary projection of the residual stream after each layer):");
+                outln!("  logit lens (ln_f + vocabulary projection of the residual stream after each layer):");
                 for e in lens {
                     let tops: Vec<String> = e["top"]
                         .as_array()
@@ -452,10 +462,10 @@ fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, lens: bool) 
                         Some(s) => s.to_string(),
                         None => format!("layer {}", e["layer"]),
                     };
-                    println!("    {name:<9} H={:.3}  {}", e["entropy"].as_f64().unwrap_or(0.0), tops.join(", "));
+                    outln!("    {name:<9} H={:.3}  {}", e["entropy"].as_f64().unwrap_or(0.0), tops.join(", "));
                 }
             }
-            println!();
+            outln!("");
         }
     }
     let mut tensors = vec![Named { name: "logits".into(), shape: vec![t, v], data: &tr.logits }];
@@ -517,14 +527,14 @@ fn cache(c: &Common, generate: usize) -> Result<()> {
         print_json(&view)?;
     } else {
         let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        println!(
+        outln!(
             "KV cache: {} layers × (K, V), each [n_head={nh}, positions, head_dim={hs}] f32, preallocated to {np} positions ({:.2} MiB)",
             cfg.n_layer,
             mib(tr.cache.bytes())
         );
-        println!("after the prompt ({t} tokens, computed together in one prefill call):");
+        outln!("after the prompt ({t} tokens, computed together in one prefill call):");
         for l in 0..cfg.n_layer {
-            println!(
+            outln!(
                 "  layer {l}: K [{nh}, {t}, {hs}]  V [{nh}, {t}, {hs}]  {:.3} MiB used of {:.3} MiB, fill {t}/{np}",
                 mib(2 * nh * t * hs * 4),
                 mib(2 * nh * np * hs * 4)
@@ -532,7 +542,7 @@ fn cache(c: &Common, generate: usize) -> Result<()> {
         }
         for st in &steps {
             let pos = st["position"].as_u64().unwrap_or(0);
-            println!(
+            outln!(
                 "decode step {}: token {} {:?} at position {pos}: K,V of the {pos} cached positions 0-{} read, \
                  q,k,v of position {pos} computed and its K,V written at {pos}; cache length now {}",
                 st["step"],
@@ -544,7 +554,7 @@ fn cache(c: &Common, generate: usize) -> Result<()> {
         }
         if generate > 0 {
             let len = tr.cache.len();
-            println!("final: every layer K [{nh}, {len}, {hs}] V [{nh}, {len}, {hs}], fill {len}/{np}");
+            outln!("final: every layer K [{nh}, {len}, {hs}] V [{nh}, {len}, {hs}], fill {len}/{np}");
         }
     }
     let len = tr.cache.len();
@@ -584,67 +594,64 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
     let get = |p: Point| pre.get(&p).map(|r| r.data.as_slice()).unwrap_or(&[]);
     let last = t - 1;
 
-    println!(
-        "A forward pass of {} on {:?}, step by step, with the engine's real numbers.\n",
-        s.loaded.files.name, text
-    );
-    println!("1. Text → tokens → ids. The GPT-2 byte-level BPE tokenizer splits the text into {t} tokens:");
+    outln!("A forward pass of {} on {:?}, step by step, with the engine's real numbers.\n", s.loaded.files.name, text);
+    outln!("1. Text → tokens → ids. The GPT-2 byte-level BPE tokenizer splits the text into {t} tokens:");
     for (i, &id) in s.ids.iter().enumerate() {
-        println!("     position {i:>3}: id {id:>6}  {:?}", s.label(id));
+        outln!("     position {i:>3}: id {id:>6}  {:?}", s.label(id));
     }
-    println!("   The model sees the ids as a tensor of shape (1, {t}).\n");
+    outln!("   The model sees the ids as a tensor of shape (1, {t}).\n");
 
     let embed = get(Point::Embed);
     let id = s.ids[last] as usize;
-    println!("2. Embeddings. Token embedding wte is [{v}, {c}], position embedding wpe is [{}, {c}].", cfg.n_positions);
-    println!("   Row id of wte plus row position of wpe (added, not concatenated) gives x of shape (1, {t}, {c}).");
-    println!("   For the last token (position {last}):");
+    outln!("2. Embeddings. Token embedding wte is [{v}, {c}], position embedding wpe is [{}, {c}].", cfg.n_positions);
+    outln!("   Row id of wte plus row position of wpe (added, not concatenated) gives x of shape (1, {t}, {c}).");
+    outln!("   For the last token (position {last}):");
     let (wte_name, wpe_name) = (format!("wte[{id}]"), format!("wpe[{last}]"));
     let w = wte_name.len().max(wpe_name.len());
-    println!("     {wte_name:<w$} = {}", first(&m.wte.column(id), 6));
-    println!("     {wpe_name:<w$} = {}", first(&m.wpe[last * c..][..c], 6));
-    println!("     {:<w$} = {}\n", "x", first(&embed[last * c..][..c], 6));
+    outln!("     {wte_name:<w$} = {}", first(&m.wte.column(id), 6));
+    outln!("     {wpe_name:<w$} = {}", first(&m.wpe[last * c..][..c], 6));
+    outln!("     {:<w$} = {}\n", "x", first(&embed[last * c..][..c], 6));
 
-    println!("3. Layer 0 of {nl}. Each layer is: x += attention(ln_1(x)); x += mlp(ln_2(x)).");
-    println!("   ln_1 normalises each row to mean 0, variance 1, then scales and shifts: (1, {t}, {c}).");
-    println!("     ln_1(x)[{last}] = {}", first(&get(Point::Ln1(0))[last * c..][..c], 6));
+    outln!("3. Layer 0 of {nl}. Each layer is: x += attention(ln_1(x)); x += mlp(ln_2(x)).");
+    outln!("   ln_1 normalises each row to mean 0, variance 1, then scales and shifts: (1, {t}, {c}).");
+    outln!("     ln_1(x)[{last}] = {}", first(&get(Point::Ln1(0))[last * c..][..c], 6));
     let qkv = get(Point::CAttn(0));
-    println!("   c_attn is one fused projection {c} → {}: q, k, v side by side, (1, {t}, {}).", 3 * c, 3 * c);
-    println!("     q[{last}] = {}", first(&qkv[last * 3 * c..][..c], 4));
-    println!("     k[{last}] = {}", first(&qkv[last * 3 * c + c..][..c], 4));
-    println!("     v[{last}] = {}", first(&qkv[last * 3 * c + 2 * c..][..c], 4));
-    println!("   Each of q, k, v is split into {nh} heads of {hs}: (1, {nh}, {t}, {hs}).");
-    println!(
+    outln!("   c_attn is one fused projection {c} → {}: q, k, v side by side, (1, {t}, {}).", 3 * c, 3 * c);
+    outln!("     q[{last}] = {}", first(&qkv[last * 3 * c..][..c], 4));
+    outln!("     k[{last}] = {}", first(&qkv[last * 3 * c + c..][..c], 4));
+    outln!("     v[{last}] = {}", first(&qkv[last * 3 * c + 2 * c..][..c], 4));
+    outln!("   Each of q, k, v is split into {nh} heads of {hs}: (1, {nh}, {t}, {hs}).");
+    outln!(
         "   Scores q·kᵀ / √{hs} = q·kᵀ / {:.4} have shape (1, {nh}, {t}, {t}); the causal mask hides every key after \
          the query, so a token sees only itself and what came before.",
         (hs as f32).sqrt()
     );
     let probs = get(Point::AttnProbs(0));
     let row = &probs[last * t..(last + 1) * t]; // head 0, query `last`
-    println!(
+    outln!(
         "   softmax turns each row into weights α that sum to 1. Layer 0, head 0, the row of {:?}:",
         s.label(s.ids[last])
     );
     for (k, a) in row.iter().enumerate() {
-        println!("     α[{last}, {k}] = {a:.4}  {:?}", s.label(s.ids[k]));
+        outln!("     α[{last}, {k}] = {a:.4}  {:?}", s.label(s.ids[k]));
     }
-    println!("   The head's output is Σ α·v: (1, {nh}, {t}, {hs}), the heads side by side again: (1, {t}, {c}).");
-    println!("   c_proj mixes the heads ({c} → {c}) and the result is added to x (the residual).");
-    println!("     attn out[{last}] = {}", first(&get(Point::AttnProj(0))[last * c..][..c], 6));
-    println!("   The MLP: ln_2, then c_fc {c} → {f}, GELU, then c_proj {f} → {c}, added to x again.");
-    println!("     gelu(c_fc)[{last}] = {}  (1, {t}, {f})", first(&get(Point::MlpAct(0))[last * f..][..f], 6));
-    println!("     x after layer 0[{last}] = {}\n", first(&get(Point::Block(0))[last * c..][..c], 6));
+    outln!("   The head's output is Σ α·v: (1, {nh}, {t}, {hs}), the heads side by side again: (1, {t}, {c}).");
+    outln!("   c_proj mixes the heads ({c} → {c}) and the result is added to x (the residual).");
+    outln!("     attn out[{last}] = {}", first(&get(Point::AttnProj(0))[last * c..][..c], 6));
+    outln!("   The MLP: ln_2, then c_fc {c} → {f}, GELU, then c_proj {f} → {c}, added to x again.");
+    outln!("     gelu(c_fc)[{last}] = {}  (1, {t}, {f})", first(&get(Point::MlpAct(0))[last * f..][..f], 6));
+    outln!("     x after layer 0[{last}] = {}\n", first(&get(Point::Block(0))[last * c..][..c], 6));
 
-    println!(
+    outln!(
         "4. The same for layers 1 to {}. Then ln_f, and the logits are ln_f(x) · wteᵀ (the vocabulary projection",
         nl - 1
     );
-    println!("   reuses the token embedding): shape (1, {t}, {v}). For the last position:");
+    outln!("   reuses the token embedding): shape (1, {t}, {v}). For the last position:");
     let logits_row = &pre.get(&Point::Logits).context("no logits recorded")?.data;
     let (top, entropy) = top_k(logits_row, 5);
-    println!("   top-5 next tokens (softmax probabilities), entropy {entropy:.3} nats:");
+    outln!("   top-5 next tokens (softmax probabilities), entropy {entropy:.3} nats:");
     for cand in &top {
-        println!(
+        outln!(
             "     {:>6} {:<18} logit {:>9.4}  p = {:.4}",
             cand.id,
             format!("{:?}", s.label(cand.id)),
@@ -652,10 +659,10 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
             cand.prob
         );
     }
-    println!();
+    outln!("");
 
-    println!("5. The KV cache after this prefill: every layer keeps K and V of shape (1, {nh}, {t}, {hs}),");
-    println!(
+    outln!("5. The KV cache after this prefill: every layer keeps K and V of shape (1, {nh}, {t}, {hs}),");
+    outln!(
         "   {} layers × 2 × {nh}·{t}·{hs} floats = {} bytes in use, preallocated for {} positions.\n",
         nl,
         nl * 2 * nh * t * hs * 4,
@@ -664,19 +671,19 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
 
     let next = tr.ids[t];
     let step = tr.recorder.calls.get(1).context("no decode step recorded")?;
-    println!("6. One decode step. Greedy decoding picks the most likely token, {next} {:?}.", s.label(next));
-    println!("   Input shape (1, 1): only this token runs through the layers; its q, k, v are computed,");
-    println!("   its K and V are written at position {t}, and attention reads the {t} cached positions plus its own.");
-    println!("   Cache length is now {}: K and V of each layer are (1, {nh}, {}, {hs}).", t + 1, t + 1);
+    outln!("6. One decode step. Greedy decoding picks the most likely token, {next} {:?}.", s.label(next));
+    outln!("   Input shape (1, 1): only this token runs through the layers; its q, k, v are computed,");
+    outln!("   its K and V are written at position {t}, and attention reads the {t} cached positions plus its own.");
+    outln!("   Cache length is now {}: K and V of each layer are (1, {nh}, {}, {hs}).", t + 1, t + 1);
     let a1 = &step.get(&Point::AttnProbs(0)).context("no decode attention")?;
-    println!("   Attention weights have shape (1, {nh}, 1, {}); layer 0, head 0:", a1.shape[2]);
-    println!("     {}", first(&a1.data[..a1.shape[2]], a1.shape[2]));
+    outln!("   Attention weights have shape (1, {nh}, 1, {}); layer 0, head 0:", a1.shape[2]);
+    outln!("     {}", first(&a1.data[..a1.shape[2]], a1.shape[2]));
     let l1 = &step.get(&Point::Logits).context("no decode logits")?.data;
     let (top, _) = top_k(l1, 5);
-    println!("   Logits have shape (1, 1, {v}); top-5 next tokens:");
+    outln!("   Logits have shape (1, 1, {v}); top-5 next tokens:");
     for cand in &top {
-        println!("     {:>6} {:<18} p = {:.4}", cand.id, format!("{:?}", s.label(cand.id)), cand.prob);
+        outln!("     {:>6} {:<18} p = {:.4}", cand.id, format!("{:?}", s.label(cand.id)), cand.prob);
     }
-    println!("\nEvery number above is what the engine computed; `kvgpt inspect` shows each part in full.");
+    outln!("\nEvery number above is what the engine computed; `kvgpt inspect` shows each part in full.");
     Ok(Outcome::Done)
 }

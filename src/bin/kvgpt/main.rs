@@ -1,12 +1,64 @@
 //! The `kvgpt` command line: argument parsing, output formats, exit codes, error messages.
 //! Everything numeric lives in the library; this binary only asks and prints.
 
+/// `println!` that returns an error naming standard output instead of panicking on a closed
+/// pipe or a full disk; use inside functions that return `anyhow::Result`.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::out::line(format_args!($($t)*))? };
+}
+/// `print!` in the same way.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::out::text(format_args!($($t)*))? };
+}
+/// `eprintln!` that never panics: a diagnostic nobody can read is dropped.
+macro_rules! errln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 mod bench;
 mod generate;
 mod inspect;
 mod render;
 mod serve;
 mod verify;
+
+/// Standard output without panics: every write error comes back as an error that names it.
+pub mod out {
+    use std::io::Write;
+
+    /// A write to standard output failed (the source says how: a closed pipe, a full disk…).
+    #[derive(Debug, thiserror::Error)]
+    #[error("could not write to standard output")]
+    pub struct StdoutError(#[source] pub std::io::Error);
+
+    pub fn error(e: std::io::Error) -> anyhow::Error {
+        StdoutError(e).into()
+    }
+
+    pub fn text(args: std::fmt::Arguments) -> anyhow::Result<()> {
+        std::io::stdout().lock().write_fmt(args).map_err(error)
+    }
+
+    pub fn line(args: std::fmt::Arguments) -> anyhow::Result<()> {
+        let mut o = std::io::stdout().lock();
+        o.write_fmt(args).and_then(|()| o.write_all(b"\n")).map_err(error)
+    }
+
+    pub fn flush() -> anyhow::Result<()> {
+        std::io::stdout().lock().flush().map_err(error)
+    }
+
+    /// Fails if standard output was closed (`>&-`): writes to it would vanish without an error.
+    pub fn check_open() -> anyhow::Result<()> {
+        if kvgpt_kernels::process::stdout_closed_at_start() {
+            anyhow::bail!("standard output is closed; redirect it, e.g. to a file or /dev/null");
+        }
+        Ok(())
+    }
+}
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -111,20 +163,34 @@ pub enum Outcome {
     CheckFailed,
 }
 
+/// The exit status of a process that a closed pipe ended (128 + SIGPIPE), as the shell reports
+/// for Unix tools: `kvgpt … | head` stops quietly with it.
+const BROKEN_PIPE_EXIT: u8 = 141;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let flag = cli.cmd.new_tokens_flag();
-    match run(cli) {
+    let serve = matches!(cli.cmd, Cmd::Serve(_));
+    let result = if serve { run(cli) } else { out::check_open().and_then(|()| run(cli)) };
+    // Whatever is still buffered must reach stdout too, or the failure is reported.
+    let result = result.and_then(|o| out::flush().map(|()| o));
+    match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::CheckFailed) => ExitCode::FAILURE,
+        Err(e) if is_broken_pipe(&e) => ExitCode::from(BROKEN_PIPE_EXIT),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            errln!("error: {e:#}");
             if let Some(hint) = hint(&e, flag) {
-                eprintln!("hint: {hint}");
+                errln!("hint: {hint}");
             }
             ExitCode::FAILURE
         }
     }
+}
+
+/// Did the reader of stdout (or stderr) go away?
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 impl Cmd {
@@ -214,7 +280,7 @@ pub fn read_prompt(p: &PromptArgs) -> Result<String> {
         (Some(t), None) if t != "-" => return Ok(t.clone()),
         _ => {
             if std::io::stdin().is_terminal() {
-                eprintln!("(reading the prompt from standard input; end it with Ctrl-D)");
+                errln!("(reading the prompt from standard input; end it with Ctrl-D)");
             }
             let mut s = String::new();
             std::io::stdin().read_to_string(&mut s).context("could not read the prompt from standard input")?;
@@ -236,7 +302,29 @@ pub fn prompt_ids(loaded: &Loaded, text: &str) -> Result<Vec<u32>> {
 
 /// Prints a JSON value on stdout.
 pub fn print_json(v: &serde_json::Value) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", serde_json::to_string_pretty(v)?).context("could not write to standard output")
+    out::line(format_args!("{}", serde_json::to_string_pretty(v)?))
+}
+
+/// Refuses an output path that is one of the files the command reads.
+pub fn refuse_input_path(
+    out: &std::path::Path,
+    files: &kvgpt::ModelFiles,
+    prompt_file: Option<&std::path::Path>,
+) -> Result<()> {
+    // A new file cannot be an input; an existing one (or a symlink to one, as in an HF cache
+    // snapshot) is compared by the file it resolves to.
+    let Ok(target) = out.canonicalize() else { return Ok(()) };
+    let mut inputs = vec![files.config.clone(), files.weights.clone()];
+    inputs.extend(files.tokenizer.paths());
+    inputs.extend(prompt_file.map(std::path::Path::to_path_buf));
+    for input in inputs {
+        if input.canonicalize().is_ok_and(|p| p == target) {
+            anyhow::bail!(
+                "{} is one of this command's inputs ({}); choose another output file",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
 }

@@ -72,8 +72,8 @@ pub fn run(cmd: VerifyCmd) -> Result<Outcome> {
             cache_vs_recompute(&loaded.model, &ids, *steps as usize, tolerance, &mut |_, _| {})?,
         ),
         VerifyCmd::Reference { logits, tensor, .. } => {
-            let (_, data) = kvgpt::export::read(logits, tensor.as_deref())?;
-            ("engine vs reference logits", against_reference(&loaded.model, &ids, &data, tolerance)?)
+            let (shape, data) = kvgpt::export::read(logits, tensor.as_deref())?;
+            ("engine vs reference logits", against_reference(&loaded.model, &ids, &shape, &data, tolerance)?)
         }
     };
     report(c.json, what, &cmp, tolerance)?;
@@ -92,17 +92,17 @@ fn report(as_json: bool, what: &str, c: &Comparison, tolerance: f32) -> Result<(
             "pass": c.passes(),
         }))?;
     } else {
-        println!("{what}: {} rows compared", c.steps);
-        println!("  max |Δlogit|         {:e}", c.max_abs_diff);
-        println!("  top-1 agreement      {:.2}%", c.top1_agreement * 100.0);
-        println!("  mean KL              {:e} nats", c.mean_kl);
+        outln!("{what}: {} rows compared", c.steps);
+        outln!("  max |Δlogit|         {:e}", c.max_abs_diff);
+        outln!("  top-1 agreement      {:.2}%", c.top1_agreement * 100.0);
+        outln!("  mean KL              {:e} nats", c.mean_kl);
         match c.first_divergent_step {
-            None => println!("  first divergent row  none (tolerance {tolerance:e})"),
-            Some(s) => println!("  first divergent row  {s} (tolerance {tolerance:e})"),
+            None => outln!("  first divergent row  none (tolerance {tolerance:e})"),
+            Some(s) => outln!("  first divergent row  {s} (tolerance {tolerance:e})"),
         }
     }
     if !c.passes() {
-        eprintln!("error: the logits differ by {:e}, more than the tolerance {tolerance:e}", c.max_abs_diff);
+        errln!("error: the logits differ by {:e}, more than the tolerance {tolerance:e}", c.max_abs_diff);
     }
     Ok(())
 }

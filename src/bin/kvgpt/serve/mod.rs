@@ -10,7 +10,7 @@ mod metrics;
 use crate::{load, ModelArgs};
 use anyhow::{Context, Result};
 use api::{ApiError, ApiResult, Params, Prompt};
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request as HttpRequest, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -111,7 +111,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let addr = format!("{}:{}", a.host, a.port);
     let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("could not listen on {addr}"))?;
     let local = listener.local_addr()?;
-    eprintln!("kvgpt serve: listening on http://{local} (loading the model; /health answers 503 until it is ready)");
+    errln!("kvgpt serve: listening on http://{local} (loading the model; /health answers 503 until it is ready)");
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: a.api_key.clone(),
@@ -157,7 +157,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         scheduler::spawn(model.clone(), engine_cfg, app.queued.clone(), Box::new(app.metrics.monitor()), Some(pool))
             .context("could not start the engine thread")?;
     let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
-    eprintln!(
+    errln!(
         "kvgpt serve: {} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights | memory: weights \
          {:.1} MB + K/V of {} slots ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
         loaded.files.name,
@@ -186,7 +186,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let _ = engine.send(Command::Drain);
     drop(engine);
     let _ = engine_thread.join();
-    eprintln!("kvgpt serve: drained, exiting");
+    errln!("kvgpt serve: drained, exiting");
     served.context("the server stopped")
 }
 
@@ -208,7 +208,7 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    eprintln!("kvgpt serve: shutting down, finishing the requests in flight");
+    errln!("kvgpt serve: shutting down, finishing the requests in flight");
 }
 
 /// Checks the API key and counts every response by endpoint and status.
@@ -263,16 +263,42 @@ fn ready(app: &App) -> ApiResult<&Ready> {
     })
 }
 
+/// A body over the limit is still read and dropped, up to this many times the limit, before the
+/// 413 goes out: a socket closed with unread bytes is reset, and the client would see a broken
+/// connection instead of the error.
+const DRAIN_FACTOR: usize = 8;
+
 /// Reads the body, at most `max_body` bytes (413 beyond), as a JSON object.
 async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<String, Value>> {
-    let bytes: Bytes = axum::body::to_bytes(body, app.max_body).await.map_err(|_| ApiError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        message: format!("the request body is larger than the server's limit of {} bytes", app.max_body),
-        kind: "invalid_request_error",
-        param: None,
-        code: Some("request_too_large"),
-        retry_after: None,
-    })?;
+    use tokio_stream::StreamExt;
+    let mut stream = body.into_data_stream();
+    let (mut bytes, mut seen) = (Vec::new(), 0usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "bad_body",
+                format!("could not read the request body: {e}"),
+            )
+        })?;
+        seen = seen.saturating_add(chunk.len());
+        if seen <= app.max_body {
+            bytes.extend_from_slice(&chunk);
+        } else if seen > app.max_body.saturating_mul(DRAIN_FACTOR) {
+            break;
+        }
+    }
+    if seen > app.max_body {
+        return Err(ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!("the request body is larger than the server's limit of {} bytes", app.max_body),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+            retry_after: None,
+        });
+    }
     api::object(&bytes)
 }
 
