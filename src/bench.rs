@@ -3,7 +3,7 @@
 //! probe. Only forward passes are timed: tokenization and sampling are excluded (ids are
 //! synthetic, the next token is an argmax taken outside the timed region).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::Sampling;
 use crate::sequence::Sequence;
@@ -174,9 +174,9 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
     let tests = tests(spec);
     for t in &tests {
         if let Test::Decode { prompt, gen, .. } | Test::Batched { prompt, gen, .. } = t {
-            crate::generate::check_context(model, *prompt, *gen)?;
+            crate::sequence::check_fed(model, *prompt, *gen)?;
         } else if let Test::Prefill { prompt } = t {
-            crate::generate::check_context(model, *prompt, 0)?;
+            crate::sequence::check_fed(model, *prompt, 0)?;
         }
     }
     let max_rows = tests
@@ -220,12 +220,27 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+fn probe_buffer(n: usize) -> Result<Vec<f32>> {
+    let mut buf: Vec<f32> = Vec::new();
+    buf.try_reserve_exact(n)
+        .map_err(|e| Error::Invalid(format!("the bandwidth probe could not allocate {} MiB ({e})", n >> 18)))?;
+    Ok(buf)
+}
+
+/// Whether a probe of `bytes` can be allocated, asked before a benchmark runs (the memory is
+/// reserved, never touched, then freed), so a too-large probe fails before the work, not after.
+pub fn check_probe(bytes: usize) -> Result<()> {
+    probe_buffer(bytes / 4).map(drop)
+}
+
 /// Read bandwidth in GB/s over a buffer of `bytes` (larger than the caches), best of `passes`,
 /// with the current rayon pool's threads each reading its own part.
-pub fn probe_read_bandwidth(bytes: usize, passes: usize) -> f64 {
+/// Errors (instead of aborting) if the buffer cannot be allocated; [`check_probe`] asks first.
+pub fn probe_read_bandwidth(bytes: usize, passes: usize) -> Result<f64> {
     use rayon::prelude::*;
     let n = bytes / 4;
-    let buf: Vec<f32> = (0..n).map(|i| (i % 251) as f32).collect();
+    let mut buf = probe_buffer(n)?;
+    buf.extend((0..n).map(|i| (i % 251) as f32));
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads);
     let mut best = 0.0f64;
@@ -236,5 +251,5 @@ pub fn probe_read_bandwidth(bytes: usize, passes: usize) -> f64 {
         std::hint::black_box(s);
         best = best.max(bytes as f64 / secs / 1e9);
     }
-    best
+    Ok(best)
 }

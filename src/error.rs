@@ -51,10 +51,9 @@ pub enum Error {
 
     #[error(
         "prompt of {prompt} tokens + {new} new tokens exceeds the model's {n_positions} positions \
-         (room for {room} new tokens after this prompt)",
-        room = n_positions.saturating_sub(*prompt)
+         (room for {room} new tokens after this prompt)"
     )]
-    ContextOverflow { prompt: usize, new: usize, n_positions: usize },
+    ContextOverflow { prompt: usize, new: usize, n_positions: usize, room: usize },
 
     #[error("KV cache overflow: {len} cached + {new} new positions exceed its {capacity} positions")]
     CacheOverflow { len: usize, new: usize, capacity: usize },

@@ -41,7 +41,9 @@ pub struct TraceSpec {
 pub fn trace(model: &Model, prompt_ids: &[u32], spec: &TraceSpec) -> Result<Trace> {
     let cfg = &model.config;
     let v = cfg.vocab_size;
-    let mut seq = Sequence::new(model, prompt_ids, spec.generate, Sampling::GREEDY)?;
+    // Every decoded token is fed (its K/V recorded); the token after the last is only predicted.
+    crate::sequence::check_fed(model, prompt_ids.len(), spec.generate)?;
+    let mut seq = Sequence::new(model, prompt_ids, spec.generate + 1, Sampling::GREEDY)?;
     let mut scratch = Scratch::new(cfg, prompt_ids.len());
     let mut recorder = Recorder::only(spec.want);
     let t = prompt_ids.len();

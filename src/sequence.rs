@@ -24,7 +24,8 @@ pub struct Sequence {
 
 impl Sequence {
     /// A sequence for `prompt` with room for `max_new` generated tokens. Its cache holds
-    /// `prompt + max_new` positions; errors if that exceeds the model's positions.
+    /// `prompt + max_new − 1` positions (the last token is never fed); errors if that exceeds
+    /// the model's positions.
     pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Result<Sequence> {
         let cfg = &model.config;
         if prompt.is_empty() {
@@ -34,8 +35,8 @@ impl Sequence {
         if let Some(&id) = prompt.iter().find(|&&id| id as usize >= cfg.vocab_size) {
             return Err(Error::BadTokenId { id, vocab: cfg.vocab_size });
         }
-        let capacity = prompt.len() + max_new;
-        let mut ids = Vec::with_capacity(capacity);
+        let capacity = prompt.len() + max_new.saturating_sub(1);
+        let mut ids = Vec::with_capacity(prompt.len() + max_new);
         ids.extend_from_slice(prompt);
         Ok(Sequence {
             ids,
@@ -93,11 +94,11 @@ impl Sequence {
     }
 
     /// Appends a token chosen elsewhere (forced decoding, or the other side of a comparison).
+    /// Whether it fits the cache is checked when it is fed (the last token never is).
     pub fn push(&mut self, id: u32) -> Result<()> {
         if id as usize >= self.logits.len() {
             return Err(Error::BadTokenId { id, vocab: self.logits.len() });
         }
-        self.cache.check_room(self.ids.len() + 1 - self.cache.len())?;
         self.ids.push(id);
         Ok(())
     }
@@ -169,9 +170,22 @@ impl Batched for Sequence {
 
 /// Checks that the prompt and the new tokens fit the model's positions.
 pub fn check_context(model: &Model, prompt: usize, new: usize) -> Result<()> {
+    // The last new token is sampled and never fed back: prompt + new − 1 positions are run.
     let n_positions = model.config.n_positions;
-    if prompt.checked_add(new).is_none_or(|n| n > n_positions) {
-        return Err(Error::ContextOverflow { prompt, new, n_positions });
+    let room = if prompt <= n_positions { n_positions - prompt + 1 } else { 0 };
+    if prompt > n_positions || new > room {
+        return Err(Error::ContextOverflow { prompt, new, n_positions, room });
+    }
+    Ok(())
+}
+
+/// Errors unless `prompt` tokens and then `fed` more, each fed to the model (as a benchmark's
+/// decode steps are), fit the model's positions.
+pub fn check_fed(model: &Model, prompt: usize, fed: usize) -> Result<()> {
+    let n_positions = model.config.n_positions;
+    let room = n_positions.saturating_sub(prompt);
+    if prompt > n_positions || fed > room {
+        return Err(Error::ContextOverflow { prompt, new: fed, n_positions, room });
     }
     Ok(())
 }

@@ -163,7 +163,7 @@ fn bad_input_gets_a_clear_error_and_a_failing_exit() {
         // The library says what is wrong; the CLI adds what to do in its own flags.
         (
             &["generate", "x", "--model", &m, "-n", "200"],
-            "hint: shorten the prompt or lower --max-new-tokens to at most 127",
+            "hint: shorten the prompt or lower --max-new-tokens to at most 128",
         ),
         (
             &["inspect", "attention", "x", "--model", &m, "--generate", "200"],

@@ -267,10 +267,14 @@ fn tokenizer_vocabulary_must_match_the_model() {
 fn context_overflow_is_an_error_before_any_work() {
     let loaded = load_fixture();
     let ids = vec![464u32; 100];
-    let opts = kvgpt::GenerateOptions { max_new_tokens: 29, ..Default::default() };
+    let opts = kvgpt::GenerateOptions { max_new_tokens: 30, ..Default::default() };
     let err = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| panic!("no token may be produced")).unwrap_err();
-    assert!(matches!(err, Error::ContextOverflow { prompt: 100, new: 29, n_positions: 128 }));
-    assert_mentions(&err.to_string(), &["prompt of 100 tokens + 29 new tokens exceeds the model's 128 positions"]);
+    assert!(matches!(err, Error::ContextOverflow { prompt: 100, new: 30, n_positions: 128, room: 29 }));
+    assert_mentions(&err.to_string(), &["prompt of 100 tokens + 30 new tokens exceeds the model's 128 positions"]);
+    // 29 fit: the last new token is sampled, never fed, so 100 + 28 positions are run.
+    let opts = kvgpt::GenerateOptions { max_new_tokens: 29, stop_at_eos: false, ..Default::default() };
+    let g = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| Ok(())).unwrap();
+    assert_eq!(g.generated_ids.len(), 29);
     // The cache refuses positions past its capacity with a typed error.
     let cfg = &loaded.model.config;
     let mut cache = KvCache::new(cfg);

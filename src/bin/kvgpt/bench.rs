@@ -30,9 +30,9 @@ pub struct BenchArgs {
     /// forward over all their rows per step, as the server runs them.
     #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
     pub batches: Vec<usize>,
-    /// Size of the read-bandwidth probe in MiB (0 skips it).
-    #[arg(long, default_value_t = 512)]
-    pub probe_mib: usize,
+    /// Size of the read-bandwidth probe in MiB, at most 65536 (0 skips it).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=65536))]
+    pub probe_mib: u32,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     if a.batches.iter().any(|&b| b == 0 || b > 256) {
         bail!("--batch takes batch sizes from 1 to 256, e.g. --batch 1,8,16");
     }
+    let probe_bytes = (a.probe_mib as usize) << 20;
+    kvgpt::bench::check_probe(probe_bytes)?;
     let t0 = Instant::now();
     let loaded = load(&a.model)?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -73,7 +75,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     })?;
     errln!();
     let rss = peak_rss_bytes().unwrap_or(0);
-    let bw = if a.probe_mib > 0 { probe_read_bandwidth(a.probe_mib << 20, 3) } else { 0.0 };
+    let bw = if a.probe_mib > 0 { probe_read_bandwidth(probe_bytes, 3)? } else { 0.0 };
     let threads = rayon::current_num_threads();
     let weight_bytes = m.weight_bytes();
     let kv_bytes = kvgpt::KvCache::new(cfg).bytes();

@@ -167,8 +167,26 @@ pub enum Outcome {
 /// for Unix tools: `kvgpt … | head` stops quietly with it.
 const BROKEN_PIPE_EXIT: u8 = 141;
 
+/// The command line with negative numbers accepted as option values everywhere, so that
+/// `-n -5` is refused by the option's own range check ("invalid value '-5'") rather than read as
+/// an unknown flag with clap's tip to write `-- -5` (which would make it a prompt).
+fn command() -> clap::Command {
+    fn negatives(cmd: clap::Command) -> clap::Command {
+        let subs: Vec<String> = cmd.get_subcommands().map(|s| s.get_name().to_string()).collect();
+        let mut cmd = cmd.mut_args(|a| if a.get_action().takes_values() { a.allow_negative_numbers(true) } else { a });
+        for name in subs {
+            cmd = cmd.mut_subcommand(name, negatives);
+        }
+        cmd
+    }
+    negatives(<Cli as clap::CommandFactory>::command())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let flag = cli.cmd.new_tokens_flag();
     let serve = matches!(cli.cmd, Cmd::Serve(_));
     let result = if serve { run(cli) } else { out::check_open().and_then(|()| run(cli)) };
@@ -194,26 +212,30 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 impl Cmd {
-    /// The flag that sets how many tokens a command adds after the prompt.
-    fn new_tokens_flag(&self) -> &'static str {
+    /// The flag that sets how many tokens a command adds after the prompt, if it has one.
+    fn new_tokens_flag(&self) -> Option<&'static str> {
         match self {
-            Cmd::Generate(_) => "--max-new-tokens",
-            Cmd::Verify(_) => "--steps",
-            Cmd::Bench(_) => "-n",
-            Cmd::Serve(_) => "max_tokens",
-            _ => "--generate",
+            Cmd::Generate(_) => Some("--max-new-tokens"),
+            Cmd::Verify(_) => Some("--steps"),
+            Cmd::Bench(_) => Some("-n"),
+            Cmd::Serve(_) => Some("max_tokens"),
+            Cmd::Inspect(inspect::InspectCmd::Attention { .. } | inspect::InspectCmd::Cache { .. }) => {
+                Some("--generate")
+            }
+            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) => None,
         }
     }
 }
 
 /// What the user can do about a library error, in terms of this command's flags.
-fn hint(e: &anyhow::Error, flag: &str) -> Option<String> {
+fn hint(e: &anyhow::Error, flag: Option<&str>) -> Option<String> {
     match e.downcast_ref::<kvgpt::Error>()? {
-        kvgpt::Error::ContextOverflow { prompt, n_positions, .. } if prompt < n_positions => {
-            Some(format!("shorten the prompt or lower {flag} to at most {}", n_positions - prompt))
-        }
+        kvgpt::Error::ContextOverflow { room, .. } if *room > 0 => match flag {
+            Some(flag) => Some(format!("shorten the prompt or lower {flag} to at most {room}")),
+            None => Some("shorten the prompt".into()),
+        },
         kvgpt::Error::ContextOverflow { n_positions, .. } => {
-            Some(format!("shorten the prompt to fewer than {n_positions} tokens"))
+            Some(format!("shorten the prompt to at most {n_positions} tokens"))
         }
         kvgpt::Error::NotCached { .. } => {
             Some("run once without --offline (and HF_HUB_OFFLINE unset), or pass --model /path/to/folder".into())
