@@ -66,6 +66,11 @@ fn corrupt(path: &Path, why: impl std::fmt::Display) -> Error {
 /// Reads and checks a prompt cache file against `model`.
 pub fn load(path: &Path, model: &Model) -> Result<SavedPrompt> {
     let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    parse(&bytes, model, path)
+}
+
+/// Checks the bytes of a prompt cache file (named `path` in errors) against `model`.
+pub fn parse(bytes: &[u8], model: &Model, path: &Path) -> Result<SavedPrompt> {
     if bytes.len() < 8 + 4 + 8 || &bytes[..8] != MAGIC {
         return Err(corrupt(path, "it does not start with kvgpt's prompt cache header"));
     }
@@ -100,9 +105,11 @@ pub fn load(path: &Path, model: &Model) -> Result<SavedPrompt> {
         )));
     }
     let n = h.tokens;
-    let floats = h.n_layer * 2 * h.n_head * n * h.head_dim;
     let rest = &body[12 + hlen..];
-    if n > model.config.n_positions || rest.len() != 4 * n + 4 * floats {
+    // The shape equals the model's (checked above) and n is within its context, so these
+    // products are bounded by the model's own cache size.
+    let floats = (n <= model.config.n_positions).then(|| h.n_layer * 2 * h.n_head * n * h.head_dim);
+    if floats.is_none_or(|f| rest.len() != 4 * n + 4 * f) {
         return Err(corrupt(path, format!("its data does not hold the {n} tokens its header promises")));
     }
     let (ids_b, kv_b) = rest.split_at(4 * n);

@@ -43,8 +43,13 @@ impl Tokenizer {
     }
 
     pub fn from_json_file(path: &Path) -> Result<Tokenizer> {
-        let inner =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Tokenizer::from_json_bytes(&bytes, &path.display().to_string())
+    }
+
+    /// A tokenizer from the bytes of a `tokenizer.json` (`origin` names it in errors).
+    pub fn from_json_bytes(bytes: &[u8], origin: &str) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer(format!("{origin}: {e}")))?;
         Tokenizer::new(inner)
     }
 
