@@ -48,8 +48,16 @@ impl Tokenizer {
     }
 
     /// A tokenizer from the bytes of a `tokenizer.json` (`origin` names it in errors).
+    ///
+    /// The JSON is parsed here first: the tokenizers library panics on some syntax errors inside
+    /// a component (found by fuzzing: a malformed `decoder`), which it cannot meet in a parsed
+    /// value; any panic left in it is caught and reported as an error.
     pub fn from_json_bytes(bytes: &[u8], origin: &str) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer(format!("{origin}: {e}")))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::Tokenizer(format!("{origin} is not valid JSON ({e})")))?;
+        let inner = std::panic::catch_unwind(|| serde_json::from_value::<tokenizers::Tokenizer>(value))
+            .map_err(|_| Error::Tokenizer(format!("{origin}: the tokenizers library failed on it (malformed)")))?
+            .map_err(|e| Error::Tokenizer(format!("{origin}: {e}")))?;
         Tokenizer::new(inner)
     }
 

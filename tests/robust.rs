@@ -358,3 +358,21 @@ fn messages_name_the_real_problem() {
         &["config.json is a directory, not a file"],
     );
 }
+
+// ---- Found by fuzzing (scripts/fuzz.sh, target `tokenizer`): the tokenizers library panicked
+// on a syntax error inside the `decoder` object.
+
+#[test]
+fn a_tokenizer_json_with_a_broken_decoder_is_an_error() {
+    let bytes = br#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_: true}, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}"#;
+    let e = kvgpt::Tokenizer::from_json_bytes(bytes, "tokenizer.json").err().expect("refused");
+    assert!(e.to_string().contains("tokenizer.json is not valid JSON"), "{e}");
+    // Through the CLI, a model folder with that file: exit 1 naming it.
+    let dir = model_copy();
+    std::fs::write(dir.path().join("tokenizer.json"), bytes).unwrap();
+    fails_with(
+        &kvgpt(&["generate", "x", "--model", dir.path().to_str().unwrap()]),
+        1,
+        &["tokenizer.json is not valid JSON"],
+    );
+}
