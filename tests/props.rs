@@ -45,8 +45,24 @@ fn edit() -> impl Strategy<Value = Edit> {
 /// Like `edit`, but also writes JSON-significant text (digits, quotes, brackets, big numbers).
 fn json_edit() -> impl Strategy<Value = Edit> {
     let tokens = prop::sample::select(vec![
-        "0", "-1", "1e300", "18446744073709551616", "4611686018427387904", "\"", "{", "}", "[", "]", ",", ":", "null",
-        "true", "\"F33\"", "[1,2]", "é", "\\u0000",
+        "0",
+        "-1",
+        "1e300",
+        "18446744073709551616",
+        "4611686018427387904",
+        "\"",
+        "{",
+        "}",
+        "[",
+        "]",
+        ",",
+        ":",
+        "null",
+        "true",
+        "\"F33\"",
+        "[1,2]",
+        "é",
+        "\\u0000",
     ]);
     prop_oneof![edit(), (0.0..1.0f64, tokens).prop_map(|(p, t)| Edit::Insert(p, t.as_bytes().to_vec()))]
 }

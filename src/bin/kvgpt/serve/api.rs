@@ -371,17 +371,38 @@ mod tests {
         leaf.prop_recursive(3, 24, 4, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                prop::collection::vec((prop::sample::select(vec!["role", "content", "type", "text", "k"]), inner), 0..3)
-                    .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+                prop::collection::vec(
+                    (prop::sample::select(vec!["role", "content", "type", "text", "k"]), inner),
+                    0..3
+                )
+                .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
             ]
         })
     }
 
     fn body() -> impl Strategy<Value = Map<String, Value>> {
         let keys = prop::sample::select(vec![
-            "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-            "seed", "stop", "echo", "logprobs", "top_logprobs", "n", "ignore_eos", "stream", "stream_options",
-            "cache_prompt", "text", "tokens", "unknown",
+            "model",
+            "prompt",
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+            "stop",
+            "echo",
+            "logprobs",
+            "top_logprobs",
+            "n",
+            "ignore_eos",
+            "stream",
+            "stream_options",
+            "cache_prompt",
+            "text",
+            "tokens",
+            "unknown",
         ]);
         prop::collection::vec((keys, value()), 0..8)
             .prop_map(|kv| kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
