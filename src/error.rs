@@ -31,6 +31,12 @@ pub enum Error {
     )]
     NonFinite { file: PathBuf, name: String, index: Vec<usize>, value: f32 },
 
+    #[error(
+        "the logits at position {position} are not finite ({value}): the activations overflowed f32 on this \
+         input, so the weights hold values too large for it"
+    )]
+    NonFiniteLogits { position: usize, value: f32 },
+
     #[error("{path} is a directory, not a file")]
     NotAFile { path: PathBuf },
 

@@ -456,6 +456,15 @@ impl Model {
                 done += n;
             }
         }
+        // Finite weights can still overflow f32 on some input; garbage logits are an error.
+        for b in batch.iter_mut() {
+            let s = b.rows();
+            if let Some(i) = s.logits.iter().position(|x| !x.is_finite()) {
+                let (ti, ri) = (s.ids.len(), s.logits.len() / v);
+                let position = s.cache.len() + ti - ri + i / v;
+                return Err(Error::NonFiniteLogits { position, value: s.logits[i] });
+            }
+        }
         for b in batch.iter_mut() {
             let s = b.rows();
             let ti = s.ids.len();

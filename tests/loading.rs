@@ -401,3 +401,29 @@ fn a_weights_file_that_shrinks_while_loading_is_an_error_not_sigbus() {
     let e = ck.tensor("wte.weight", &[50257, 64]).unwrap_err().to_string();
     assert_mentions(&e, &["model.safetensors", "ended before tensor `transformer.wte.weight`", "being written"]);
 }
+
+#[test]
+fn finite_weights_that_overflow_give_an_error_not_garbage() {
+    // One huge (finite) weight in the first MLP: the activations overflow to inf, the logits to NaN.
+    let t: Vec<_> = fixture_tensors()
+        .into_iter()
+        .map(|mut t| {
+            if t.0 == "transformer.h.0.mlp.c_fc.weight" {
+                for i in 0..64 {
+                    let at = (i * 256 + 5) * 4;
+                    t.3[at..at + 4].copy_from_slice(&3e38f32.to_le_bytes());
+                }
+            }
+            t
+        })
+        .collect();
+    let dir = variant(&t);
+    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    let opts = kvgpt::GenerateOptions::default();
+    let err = kvgpt::generate(&loaded.model, &[464, 3797], &opts, &mut |_, _| Ok(())).unwrap_err();
+    assert!(matches!(err, Error::NonFiniteLogits { position: 1, .. }), "{err}");
+    assert_mentions(&err.to_string(), &["not finite", "overflowed f32"]);
+    // verify cache says so too, instead of blaming the cache.
+    let e = kvgpt::verify::cache_vs_recompute(&loaded.model, &[464, 3797], 3, 0.0, &mut |_, _| {}).unwrap_err();
+    assert_mentions(&e.to_string(), &["not finite"]);
+}

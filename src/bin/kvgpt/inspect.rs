@@ -383,8 +383,8 @@ fn print_top(top: &[Value]) -> Result<()> {
             r + 1,
             t["id"].as_u64().unwrap_or(0),
             format!("{:?}", t["token"].as_str().unwrap_or("")),
-            t["logit"].as_f64().unwrap_or(0.0),
-            t["prob"].as_f64().unwrap_or(0.0)
+            t["logit"].as_f64().unwrap_or(f64::NAN),
+            t["prob"].as_f64().unwrap_or(f64::NAN)
         );
     }
     Ok(())
