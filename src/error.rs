@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    // `err`, not `source`: the message already holds it, so an error chain does not repeat it.
+    #[error("{path}: {err}")]
+    Io { path: PathBuf, err: std::io::Error },
 
     #[error("{path} not found; {hint}")]
     MissingFile { path: PathBuf, hint: String },
@@ -100,6 +101,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
-        Error::Io { path: path.into(), source }
+        Error::Io { path: path.into(), err: source }
     }
 }

@@ -357,6 +357,13 @@ fn messages_name_the_real_problem() {
         1,
         &["config.json is a directory, not a file"],
     );
+    let tmp = std::env::temp_dir();
+    let t = tmp.to_str().unwrap();
+    fails_with(&kvgpt(&["verify", "reference", "x", "--model", &m, "--logits", t]), 1, &["is a directory"]);
+    // An I/O error is said once (the chain does not repeat it).
+    let out = kvgpt(&["generate", "x", "--model", &m, "--prompt-cache", t]);
+    fails_with(&out, 1, &["Is a directory"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("Is a directory").count(), 1);
 }
 
 // ---- Found by fuzzing (scripts/fuzz.sh, target `tokenizer`): the tokenizers library panicked

@@ -53,6 +53,9 @@ impl VerifyCmd {
 pub fn run(cmd: VerifyCmd) -> Result<Outcome> {
     let c = cmd.common();
     if let VerifyCmd::Reference { logits, .. } = &cmd {
+        if logits.is_dir() {
+            anyhow::bail!("--logits {}: is a directory; pass the .npy or .safetensors file", logits.display());
+        }
         if !logits.is_file() {
             anyhow::bail!("--logits {}: no such file", logits.display());
         }
