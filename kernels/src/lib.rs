@@ -22,8 +22,7 @@ mod simd;
 
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
-    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, matmul_packed, PackedMatrix, WeightType, NR,
-    Q8_BLOCK,
+    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, PackedMatrix, WeightType, NR, Q8_BLOCK,
 };
 
 use rayon::prelude::*;
@@ -120,6 +119,31 @@ pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t
     } else {
         let chunks = n.div_ceil(PAR_COLS);
         (0..chunks).into_par_iter().for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
+    }
+}
+
+/// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`; the same bits as [`crate::matmul`] on
+/// `W.unpack()`.
+pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, bias: &[f32], t: usize) {
+    let (k, n, panels) = (w.k(), w.n(), w.panels());
+    assert!(out.len() >= t * n && inp.len() >= t * k && bias.len() >= n);
+    if t == 0 {
+        return;
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let run = |p0: usize, p1: usize| {
+        let o = out_ptr;
+        // SAFETY: tasks get disjoint panel ranges, i.e. disjoint column ranges of `out`, which
+        // holds t*n floats (asserted above) and outlives every task.
+        unsafe { simd::packed_cols(isa, o.0, inp, w, bias, t, p0, p1) }
+    };
+    // Panels per task. Decode: four (the tile's width). Prefill: few, large tasks (about four per
+    // thread), since every task streams all the activations once per KC block.
+    let per = if t == 1 { 4 } else { panels.div_ceil(4 * rayon::current_num_threads()).max(2) };
+    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || panels <= per {
+        run(0, panels);
+    } else {
+        (0..panels.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(panels)));
     }
 }
 

@@ -10,9 +10,6 @@
 //! reference [`crate::matmul`] computes on the widened matrix, whatever the tile, thread or ISA.
 
 use crate::aligned::Aligned;
-use crate::simd::packed_cols;
-use crate::{Isa, SendPtr, PAR_MIN_WORK};
-use rayon::prelude::*;
 
 /// Columns per panel.
 pub const NR: usize = 16;
@@ -65,6 +62,100 @@ impl Storage {
             Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
             Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
         }
+    }
+}
+
+/// Where panel `p`'s row `i` starts in a `K`-row matrix's storage: panel-major, then row, then
+/// the panel's 16 lanes. The one place the layout is spelled.
+#[inline(always)]
+pub(crate) fn panel_index(k: usize, p: usize, i: usize) -> usize {
+    (p * k + i) * NR
+}
+
+/// Which int8 scale covers row `i`, column `c` (one per row and [`Q8_BLOCK`] columns).
+#[inline(always)]
+pub(crate) fn scale_index(k: usize, c: usize, i: usize) -> usize {
+    (c / Q8_BLOCK) * k + i
+}
+
+/// A storage format: its element type and how one element widens to f32 (the value the kernels
+/// multiply with; `scale` is the int8 block's, 1 for the others).
+pub(crate) trait Format {
+    type E: Copy;
+    fn widen(e: Self::E, scale: f32) -> f32;
+}
+
+pub(crate) struct F32s;
+pub(crate) struct F16s;
+pub(crate) struct Bf16s;
+pub(crate) struct Q8s;
+
+impl Format for F32s {
+    type E = f32;
+    #[inline(always)]
+    fn widen(e: f32, _: f32) -> f32 {
+        e
+    }
+}
+impl Format for F16s {
+    type E = u16;
+    #[inline(always)]
+    fn widen(e: u16, _: f32) -> f32 {
+        f16_bits_to_f32(e)
+    }
+}
+impl Format for Bf16s {
+    type E = u16;
+    #[inline(always)]
+    fn widen(e: u16, _: f32) -> f32 {
+        bf16_bits_to_f32(e)
+    }
+}
+impl Format for Q8s {
+    type E = i8;
+    #[inline(always)]
+    fn widen(e: i8, scale: f32) -> f32 {
+        e as f32 * scale
+    }
+}
+
+/// One matrix's panels seen in their format `F` (with the int8 scales; empty for the others):
+/// what the kernels read.
+pub(crate) struct Panels<'a, F: Format> {
+    pub(crate) d: &'a [F::E],
+    pub(crate) scales: &'a [f32],
+    pub(crate) k: usize,
+    _format: std::marker::PhantomData<F>,
+}
+
+impl<'a, F: Format> Panels<'a, F> {
+    pub(crate) fn new(d: &'a [F::E], scales: &'a [f32], k: usize) -> Self {
+        Panels { d, scales, k, _format: std::marker::PhantomData }
+    }
+
+    /// Where panel `p`'s row `i` starts.
+    #[inline(always)]
+    pub(crate) fn base(&self, p: usize, i: usize) -> usize {
+        panel_index(self.k, p, i)
+    }
+
+    /// The scale of panel `p`'s row `i` (1 unless int8).
+    #[inline(always)]
+    pub(crate) fn scale(&self, p: usize, i: usize) -> f32 {
+        if self.scales.is_empty() {
+            1.0
+        } else {
+            self.scales[scale_index(self.k, p * NR, i)]
+        }
+    }
+
+    /// Panel `p`'s row `i` widened to f32.
+    #[inline(always)]
+    pub(crate) fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let base = self.base(p, i);
+        let e: &[F::E; NR] = self.d[base..base + NR].try_into().expect("a panel row");
+        let s = self.scale(p, i);
+        e.map(|x| F::widen(x, s))
     }
 }
 
@@ -204,7 +295,7 @@ impl PackedMatrix {
     fn store(&mut self, i: usize, c0: usize, m: usize, w: impl Fn(usize) -> f32) {
         let k = self.k;
         // Element (i, c0 + j) lives in panel (c0 + j) / NR, row i, lane (c0 + j) % NR.
-        let at = |j: usize| ((c0 / NR + j / NR) * k + i) * NR + j % NR;
+        let at = |j: usize| panel_index(k, (c0 + j) / NR, i) + (c0 + j) % NR;
         match &mut self.data {
             Storage::F32(d) => (0..m).for_each(|j| d[at(j)] = w(j)),
             Storage::F16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_f16_bits(w(j))),
@@ -212,7 +303,7 @@ impl PackedMatrix {
             Storage::Q8 { q, scales } => {
                 let amax = (0..m).map(|j| w(j).abs()).fold(0.0f32, f32::max);
                 let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
-                scales[(c0 / Q8_BLOCK) * k + i] = s;
+                scales[scale_index(k, c0, i)] = s;
                 (0..m).for_each(|j| q[at(j)] = round_even(w(j) / s).clamp(-127.0, 127.0) as i8);
             }
         }
@@ -221,12 +312,17 @@ impl PackedMatrix {
     /// Element `(i, c)` widened to f32 (the value the kernels multiply with).
     pub fn get(&self, i: usize, c: usize) -> f32 {
         assert!(i < self.k && c < self.n, "get: ({i}, {c}) outside a {}x{} matrix", self.k, self.n);
-        let idx = ((c / NR) * self.k + i) * NR + c % NR;
+        self.panel_row(c / NR, i)[c % NR]
+    }
+
+    /// Panel `p`'s row `i` widened to f32 (the values the kernels multiply with).
+    pub(crate) fn panel_row(&self, p: usize, i: usize) -> [f32; NR] {
+        let k = self.k;
         match &self.data {
-            Storage::F32(d) => d[idx],
-            Storage::F16(d) => f16_bits_to_f32(d[idx]),
-            Storage::Bf16(d) => bf16_bits_to_f32(d[idx]),
-            Storage::Q8 { q, scales } => q[idx] as f32 * scales[(c / Q8_BLOCK) * self.k + i],
+            Storage::F32(d) => Panels::<F32s>::new(d, &[], k).row(p, i),
+            Storage::F16(d) => Panels::<F16s>::new(d, &[], k).row(p, i),
+            Storage::Bf16(d) => Panels::<Bf16s>::new(d, &[], k).row(p, i),
+            Storage::Q8 { q, scales } => Panels::<Q8s>::new(q, scales, k).row(p, i),
         }
     }
 
@@ -270,7 +366,7 @@ impl PackedMatrix {
         let mut w = vec![0.0f32; self.k * self.n];
         for p in 0..self.panels {
             for i in 0..self.k {
-                let row = crate::simd::widen_row(self, p, i);
+                let row = self.panel_row(p, i);
                 for (j, &x) in row.iter().enumerate() {
                     let c = p * NR + j;
                     if c < self.n {
@@ -290,29 +386,4 @@ impl PackedMatrix {
 fn round_even(x: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
     (x + MAGIC) - MAGIC
-}
-
-/// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`; the same bits as [`crate::matmul`] on
-/// `W.unpack()`.
-pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, bias: &[f32], t: usize) {
-    let (k, n) = (w.k, w.n);
-    assert!(out.len() >= t * n && inp.len() >= t * k && bias.len() >= n);
-    if t == 0 {
-        return;
-    }
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let run = |p0: usize, p1: usize| {
-        let o = out_ptr;
-        // SAFETY: tasks get disjoint panel ranges, i.e. disjoint column ranges of `out`, which
-        // holds t*n floats (asserted above) and outlives every task.
-        unsafe { packed_cols(isa, o.0, inp, w, bias, t, p0, p1) }
-    };
-    // Panels per task. Decode: four (the tile's width). Prefill: few, large tasks (about four per
-    // thread), since every task streams all the activations once per KC block.
-    let per = if t == 1 { 4 } else { w.panels.div_ceil(4 * rayon::current_num_threads()).max(2) };
-    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || w.panels <= per {
-        run(0, w.panels);
-    } else {
-        (0..w.panels.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(w.panels)));
-    }
 }

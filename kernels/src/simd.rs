@@ -3,7 +3,7 @@
 //! compiler may emit for it (FMA, 256-bit vectors), never the order of the arithmetic.
 
 use crate::math::{exp_approx, gelu_new_scalar};
-use crate::packed::{bf16_bits_to_f32, f16_bits_to_f32, PackedMatrix, Storage, NR, Q8_BLOCK};
+use crate::packed::{Bf16s, F16s, F32s, Format, PackedMatrix, Panels, Q8s, Storage, NR};
 use crate::{Isa, Kind};
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
@@ -366,93 +366,49 @@ pub(crate) trait Lanes: Copy {
     unsafe fn q8_row(d: &[i8], base: usize, scale: f32) -> Self;
 }
 
-pub(crate) struct F32Src<'a>(&'a [f32], usize);
-struct F16Src<'a>(&'a [u16], usize);
-struct Bf16Src<'a>(&'a [u16], usize);
-struct Q8Src<'a>(&'a [i8], &'a [f32], usize);
+/// Loading a panel row of a format into registers of any ISA.
+pub(crate) trait LoadLanes: Format {
+    unsafe fn lanes<L: Lanes>(d: &[Self::E], base: usize, scale: f32) -> L;
+}
 
-impl Source for F32Src<'_> {
+impl LoadLanes for F32s {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(d: &[f32], base: usize, _: f32) -> L {
+        L::f32_row(d, base)
+    }
+}
+impl LoadLanes for F16s {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(d: &[u16], base: usize, _: f32) -> L {
+        L::f16_row(d, base)
+    }
+}
+impl LoadLanes for Bf16s {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(d: &[u16], base: usize, _: f32) -> L {
+        L::bf16_row(d, base)
+    }
+}
+impl LoadLanes for Q8s {
+    #[inline(always)]
+    unsafe fn lanes<L: Lanes>(d: &[i8], base: usize, scale: f32) -> L {
+        L::q8_row(d, base, scale)
+    }
+}
+
+impl<F: LoadLanes> Source for Panels<'_, F> {
     #[inline(always)]
     fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let base = (p * self.1 + i) * NR;
-        self.0[base..base + NR].try_into().expect("a panel row")
+        Panels::row(self, p, i)
     }
     #[inline(always)]
     unsafe fn lanes<L: Lanes>(&self, p: usize, i: usize) -> L {
-        L::f32_row(self.0, (p * self.1 + i) * NR)
+        F::lanes(self.d, self.base(p, i), self.scale(p, i))
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn prefetch(&self, p: usize, i: usize) {
-        x86::prefetch(self.0, (p * self.1 + i) * NR)
-    }
-}
-
-impl Source for F16Src<'_> {
-    #[inline(always)]
-    fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let base = (p * self.1 + i) * NR;
-        let h: &[u16; NR] = self.0[base..base + NR].try_into().expect("a panel row");
-        h.map(f16_bits_to_f32)
-    }
-    #[inline(always)]
-    unsafe fn lanes<L: Lanes>(&self, p: usize, i: usize) -> L {
-        L::f16_row(self.0, (p * self.1 + i) * NR)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn prefetch(&self, p: usize, i: usize) {
-        x86::prefetch(self.0, (p * self.1 + i) * NR)
-    }
-}
-
-impl Source for Bf16Src<'_> {
-    #[inline(always)]
-    fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let base = (p * self.1 + i) * NR;
-        let h: &[u16; NR] = self.0[base..base + NR].try_into().expect("a panel row");
-        h.map(bf16_bits_to_f32)
-    }
-    #[inline(always)]
-    unsafe fn lanes<L: Lanes>(&self, p: usize, i: usize) -> L {
-        L::bf16_row(self.0, (p * self.1 + i) * NR)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn prefetch(&self, p: usize, i: usize) {
-        x86::prefetch(self.0, (p * self.1 + i) * NR)
-    }
-}
-
-impl Source for Q8Src<'_> {
-    #[inline(always)]
-    fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let k = self.2;
-        let base = (p * k + i) * NR;
-        let q: &[i8; NR] = self.0[base..base + NR].try_into().expect("a panel row");
-        let s = self.1[(p * NR / Q8_BLOCK) * k + i];
-        q.map(|v| v as f32 * s)
-    }
-    #[inline(always)]
-    unsafe fn lanes<L: Lanes>(&self, p: usize, i: usize) -> L {
-        let k = self.2;
-        L::q8_row(self.0, (p * k + i) * NR, self.1[(p * NR / Q8_BLOCK) * k + i])
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[inline(always)]
-    fn prefetch(&self, p: usize, i: usize) {
-        x86::prefetch(self.0, (p * self.2 + i) * NR)
-    }
-}
-
-/// Panel `p`, row `i` of `w` widened to f32 (the values the kernel multiplies with).
-pub(crate) fn widen_row(w: &PackedMatrix, p: usize, i: usize) -> [f32; NR] {
-    let k = w.k();
-    match &w.data {
-        Storage::F32(d) => F32Src(d, k).row(p, i),
-        Storage::F16(d) => F16Src(d, k).row(p, i),
-        Storage::Bf16(d) => Bf16Src(d, k).row(p, i),
-        Storage::Q8 { q, scales } => Q8Src(q, scales, k).row(p, i),
+        x86::prefetch(self.d, self.base(p, i))
     }
 }
 
@@ -799,10 +755,12 @@ unsafe fn packed_cols_body<T: TileKernel>(
 ) {
     let (k, n) = (w.k(), w.n());
     match &w.data {
-        Storage::F32(d) => packed_generic::<_, T>(&F32Src(d, k), out, inp, bias, t, k, n, p0, p1),
-        Storage::F16(d) => packed_generic::<_, T>(&F16Src(d, k), out, inp, bias, t, k, n, p0, p1),
-        Storage::Bf16(d) => packed_generic::<_, T>(&Bf16Src(d, k), out, inp, bias, t, k, n, p0, p1),
-        Storage::Q8 { q, scales } => packed_generic::<_, T>(&Q8Src(q, scales, k), out, inp, bias, t, k, n, p0, p1),
+        Storage::F32(d) => packed_generic::<_, T>(&Panels::<F32s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
+        Storage::F16(d) => packed_generic::<_, T>(&Panels::<F16s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
+        Storage::Bf16(d) => packed_generic::<_, T>(&Panels::<Bf16s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
+        Storage::Q8 { q, scales } => {
+            packed_generic::<_, T>(&Panels::<Q8s>::new(q, scales, k), out, inp, bias, t, k, n, p0, p1)
+        }
     }
 }
 
