@@ -13,7 +13,6 @@
 //! Instruction sets: each kernel has one body (`#[inline(always)]`), compiled once plainly (the
 //! scalar reference, always present) and once inside a thin `#[target_feature]` wrapper. The
 //! [`Isa`] is detected once by the caller and passed in; tests run every path against the scalar one.
-#![allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last.
 
 mod aligned;
 mod math;
@@ -105,6 +104,7 @@ unsafe impl Sync for SendPtr {}
 /// `out[T, N] = inp[T, K] @ w[K, N] + bias[N]` — GPT-2's Conv1D, weights stored `[in, out]`.
 ///
 /// Each element: `acc = 0; for i in 0..K { acc = fma(inp[t, i], w[i, n], acc) }; out = acc + bias`.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) {
     assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n && bias.len() >= n);
     let out_ptr = SendPtr(out.as_mut_ptr());
@@ -171,6 +171,7 @@ pub fn cpu_features() -> Vec<&'static str> {
 }
 
 /// `out[T, C] = (inp - mean) / sqrt(var + eps) * weight + bias`, per row, biased variance.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub fn layernorm(isa: Isa, out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], t: usize, c: usize, eps: f32) {
     assert!(out.len() >= t * c && inp.len() >= t * c && weight.len() >= c && bias.len() >= c);
     for r in 0..t {
@@ -227,6 +228,7 @@ pub struct AttnDims {
 ///
 /// Query at position `pos`: `s_j = dot(q, k_j) * scale` for `j <= pos`, `a = softmax(s)`,
 /// `out = Σ_j a_j v_j` accumulated in `j` order. Nothing depends on `T` or `P`, only on `pos`.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub fn attention(
     isa: Isa,
     out: &mut [f32],

@@ -30,6 +30,7 @@ macro_rules! avx2_copies {
             #[allow(unused_imports)]
             use super::*;
             $(
+                #[allow(clippy::too_many_arguments)] // the bodies' own signatures
                 #[target_feature(enable = "avx2,fma")]
                 pub(super) unsafe fn $name($($a: $t),*) $(-> $r)? { super::$name($($a),*) }
             )*
@@ -50,6 +51,7 @@ avx2_copies! {
 
 /// # Safety
 /// `out` must point to `t * n` writable floats, and no other thread may touch columns `c0..c1`.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub(crate) unsafe fn matmul_cols(
     isa: Isa,
     out: *mut f32,
@@ -68,6 +70,7 @@ pub(crate) unsafe fn matmul_cols(
 /// # Safety
 /// `out` must point to `t * w.n()` writable floats, and no other thread may touch the columns of
 /// panels `p0..p1`.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub(crate) unsafe fn packed_cols(
     isa: Isa,
     out: *mut f32,
@@ -132,6 +135,7 @@ pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], probs: &[f32], vh: &[f32],
 /// Columns `c0..c1` of `out[T, N] = inp[T, K] @ w[K, N] + bias`, in register tiles of
 /// `MR` rows × `NR` columns; every tile reduces over `i = 0..K` in order.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 unsafe fn matmul_cols_body(
     out: *mut f32,
     inp: &[f32],
@@ -155,6 +159,7 @@ unsafe fn matmul_cols_body(
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 unsafe fn matmul_rows<const MR: usize>(
     out: *mut f32,
     inp: &[f32],
@@ -184,6 +189,7 @@ unsafe fn matmul_rows<const MR: usize>(
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 unsafe fn matmul_tile<const MR: usize, const NR: usize>(
     out: *mut f32,
     inp: &[f32],
@@ -412,38 +418,39 @@ impl<F: LoadLanes> Source for Panels<'_, F> {
     }
 }
 
+/// What every tile of one packed matmul call shares: `out[T, N] = inp[T, K] @ W + bias`, with
+/// `W`'s panels read through `src`.
+pub(crate) struct Job<'a, S> {
+    pub(crate) src: &'a S,
+    /// `T * N` writable floats; each task writes only the columns of its own panels.
+    pub(crate) out: *mut f32,
+    pub(crate) inp: &'a [f32],
+    pub(crate) bias: &'a [f32],
+    pub(crate) t: usize,
+    pub(crate) k: usize,
+    pub(crate) n: usize,
+}
+
+impl<S> Clone for Job<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<S> Copy for Job<'_, S> {}
+
 /// A register tile: rows `r0..r0+R` of the activations against panel `p`, reduction rows
 /// `kc0..kc1`. Implementations differ only in how they spell the same FMA chains.
 pub(crate) trait TileKernel {
     /// One activation row (decode) against panels `p0..p1`, over the whole reduction.
     #[inline(always)]
-    unsafe fn decode<S: Source>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p0: usize,
-        p1: usize,
-    ) {
+    unsafe fn decode<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
+        let Job { k, .. } = *j;
         for p in p0..p1 {
-            Self::tile::<S, 1>(src, out, inp, bias, k, n, p, 0, 0, k);
+            Self::tile::<S, 1>(j, p, 0, 0, k);
         }
     }
 
-    unsafe fn tile<S: Source, const R: usize>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p: usize,
-        r0: usize,
-        kc0: usize,
-        kc1: usize,
-    );
+    unsafe fn tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize, kc0: usize, kc1: usize);
 
     /// Rows `r0..r0+R` against the `G` whole panels `p..p+G` at once, over the whole reduction:
     /// `G` weight streams in flight, for the few rows of a batch of decode steps.
@@ -452,36 +459,18 @@ pub(crate) trait TileKernel {
     /// As [`TileKernel::tile`]: `out` holds rows `r0..r0+R` of `n` columns, no other thread
     /// writes the columns of panels `p..p+G`, and those panels are whole (`(p+G)·NR <= n`).
     #[inline(always)]
-    unsafe fn wide<S: Source, const R: usize, const G: usize>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p: usize,
-        r0: usize,
-    ) {
+    unsafe fn wide<S: Source, const R: usize, const G: usize>(j: &Job<S>, p: usize, r0: usize) {
+        let Job { k, .. } = *j;
         for q in p..p + G {
-            Self::tile::<S, R>(src, out, inp, bias, k, n, q, r0, 0, k);
+            Self::tile::<S, R>(j, q, r0, 0, k);
         }
     }
 
     /// All `t` rows (a few: the decode steps of a batch) against panels `p0..p1`, over the whole
     /// reduction. By default two rows against three panels at a time ([`few_pairs`]).
     #[inline(always)]
-    unsafe fn few<S: Source>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        t: usize,
-        k: usize,
-        n: usize,
-        p0: usize,
-        p1: usize,
-    ) {
-        few_pairs::<Self, S>(src, out, inp, bias, t, k, n, p0, p1)
+    unsafe fn few<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
+        few_pairs::<Self, S>(j, p0, p1)
     }
 }
 
@@ -490,56 +479,36 @@ pub(crate) struct Portable;
 
 impl TileKernel for Portable {
     #[inline(always)]
-    unsafe fn tile<S: Source, const R: usize>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p: usize,
-        r0: usize,
-        kc0: usize,
-        kc1: usize,
-    ) {
-        packed_tile::<S, R>(src, out, inp, bias, k, n, p, r0, kc0, kc1)
+    unsafe fn tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize, kc0: usize, kc1: usize) {
+        packed_tile::<S, R>(j, p, r0, kc0, kc1)
     }
 }
 
 /// The few-rows path two rows at a time: three panels per pass, so three weight streams are in
 /// flight; the other rows find the group in cache.
 #[inline(always)]
-unsafe fn few_pairs<T: TileKernel + ?Sized, S: Source>(
-    src: &S,
-    out: *mut f32,
-    inp: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    p0: usize,
-    p1: usize,
-) {
+unsafe fn few_pairs<T: TileKernel + ?Sized, S: Source>(j: &Job<S>, p0: usize, p1: usize) {
+    let Job { t, k, n, .. } = *j;
     let mut p = p0;
     while p + 3 <= p1 && (p + 3) * NR <= n {
         let mut r = 0;
         while r + 2 <= t {
-            T::wide::<S, 2, 3>(src, out, inp, bias, k, n, p, r);
+            T::wide::<S, 2, 3>(j, p, r);
             r += 2;
         }
         if r < t {
-            T::wide::<S, 1, 3>(src, out, inp, bias, k, n, p, r);
+            T::wide::<S, 1, 3>(j, p, r);
         }
         p += 3;
     }
     for q in p..p1 {
         let mut r = 0;
         while r + 2 <= t {
-            T::tile::<S, 2>(src, out, inp, bias, k, n, q, r, 0, k);
+            T::tile::<S, 2>(j, q, r, 0, k);
             r += 2;
         }
         if r < t {
-            T::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
+            T::tile::<S, 1>(j, q, r, 0, k);
         }
     }
 }
@@ -547,59 +516,42 @@ unsafe fn few_pairs<T: TileKernel + ?Sized, S: Source>(
 /// The few-rows path eight rows at a time (all of a batch of 8 in one pass over the weights):
 /// three panels per pass, then single panels, then the ragged last one.
 #[inline(always)]
-unsafe fn few_eights<T: TileKernel + ?Sized, S: Source>(
-    src: &S,
-    out: *mut f32,
-    inp: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    p0: usize,
-    p1: usize,
-) {
+unsafe fn few_eights<T: TileKernel + ?Sized, S: Source>(j: &Job<S>, p0: usize, p1: usize) {
+    let Job { t, k, n, .. } = *j;
     let mut p = p0;
     while p + 3 <= p1 && (p + 3) * NR <= n {
-        rows_by_eight::<T, S, 3>(src, out, inp, bias, t, k, n, p);
+        rows_by_eight::<T, S, 3>(j, p);
         p += 3;
     }
     while p < p1 && (p + 1) * NR <= n {
-        rows_by_eight::<T, S, 1>(src, out, inp, bias, t, k, n, p);
+        rows_by_eight::<T, S, 1>(j, p);
         p += 1;
     }
     for q in p..p1 {
         for r in 0..t {
-            T::tile::<S, 1>(src, out, inp, bias, k, n, q, r, 0, k);
+            T::tile::<S, 1>(j, q, r, 0, k);
         }
     }
 }
 
 /// Rows `0..t` against the `G` whole panels `p..p+G`, eight rows per pass.
 #[inline(always)]
-unsafe fn rows_by_eight<T: TileKernel + ?Sized, S: Source, const G: usize>(
-    src: &S,
-    out: *mut f32,
-    inp: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    p: usize,
-) {
+unsafe fn rows_by_eight<T: TileKernel + ?Sized, S: Source, const G: usize>(j: &Job<S>, p: usize) {
+    let Job { t, .. } = *j;
     let mut r = 0;
     while r + 8 <= t {
-        T::wide::<S, 8, G>(src, out, inp, bias, k, n, p, r);
+        T::wide::<S, 8, G>(j, p, r);
         r += 8;
     }
     match t - r {
         0 => {}
-        1 => T::wide::<S, 1, G>(src, out, inp, bias, k, n, p, r),
-        2 => T::wide::<S, 2, G>(src, out, inp, bias, k, n, p, r),
-        3 => T::wide::<S, 3, G>(src, out, inp, bias, k, n, p, r),
-        4 => T::wide::<S, 4, G>(src, out, inp, bias, k, n, p, r),
-        5 => T::wide::<S, 5, G>(src, out, inp, bias, k, n, p, r),
-        6 => T::wide::<S, 6, G>(src, out, inp, bias, k, n, p, r),
-        _ => T::wide::<S, 7, G>(src, out, inp, bias, k, n, p, r),
+        1 => T::wide::<S, 1, G>(j, p, r),
+        2 => T::wide::<S, 2, G>(j, p, r),
+        3 => T::wide::<S, 3, G>(j, p, r),
+        4 => T::wide::<S, 4, G>(j, p, r),
+        5 => T::wide::<S, 5, G>(j, p, r),
+        6 => T::wide::<S, 6, G>(j, p, r),
+        _ => T::wide::<S, 7, G>(j, p, r),
     }
 }
 
@@ -615,44 +567,26 @@ impl<L: Lanes> TileKernel for Simd<L> {
     /// Four panels at a time: four FMA chains and four weight streams in flight, so one token's
     /// matrix-vector product runs at the memory's pace, not the FMA latency's.
     #[inline(always)]
-    unsafe fn decode<S: Source>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p0: usize,
-        p1: usize,
-    ) {
+    unsafe fn decode<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
+        let Job { k, n, .. } = *j;
         const G: usize = 4;
         let mut p = p0;
         while p + G <= p1 && (p + G) * NR <= n {
-            Self::wide::<S, 1, G>(src, out, inp, bias, k, n, p, 0);
+            Self::wide::<S, 1, G>(j, p, 0);
             p += G;
         }
         for p in p..p1 {
-            Self::tile::<S, 1>(src, out, inp, bias, k, n, p, 0, 0, k);
+            Self::tile::<S, 1>(j, p, 0, 0, k);
         }
     }
 
     #[inline(always)]
-    unsafe fn tile<S: Source, const R: usize>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p: usize,
-        r0: usize,
-        kc0: usize,
-        kc1: usize,
-    ) {
+    unsafe fn tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize, kc0: usize, kc1: usize) {
+        let Job { src, out, inp, bias, k, n, .. } = *j;
         let c0 = p * NR;
         if NR.min(n - c0) < NR {
             // A partial panel: the portable tile handles the ragged edge.
-            return packed_tile::<S, R>(src, out, inp, bias, k, n, p, r0, kc0, kc1);
+            return packed_tile::<S, R>(j, p, r0, kc0, kc1);
         }
         let mut acc = [L::zero(); R];
         if kc0 > 0 {
@@ -677,16 +611,8 @@ impl<L: Lanes> TileKernel for Simd<L> {
     }
 
     #[inline(always)]
-    unsafe fn wide<S: Source, const R: usize, const G: usize>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        k: usize,
-        n: usize,
-        p: usize,
-        r0: usize,
-    ) {
+    unsafe fn wide<S: Source, const R: usize, const G: usize>(j: &Job<S>, p: usize, r0: usize) {
+        let Job { src, out, inp, bias, k, n, .. } = *j;
         let mut acc = [[L::zero(); R]; G]; // [panel][row]
         let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r + 1) * k].as_ptr());
         for i in 0..k {
@@ -724,21 +650,11 @@ impl<L: Lanes> TileKernel for Simd<L> {
     }
 
     #[inline(always)]
-    unsafe fn few<S: Source>(
-        src: &S,
-        out: *mut f32,
-        inp: &[f32],
-        bias: &[f32],
-        t: usize,
-        k: usize,
-        n: usize,
-        p0: usize,
-        p1: usize,
-    ) {
+    unsafe fn few<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
         if L::FEW_MR == 8 {
-            few_eights::<Self, S>(src, out, inp, bias, t, k, n, p0, p1)
+            few_eights::<Self, S>(j, p0, p1)
         } else {
-            few_pairs::<Self, S>(src, out, inp, bias, t, k, n, p0, p1)
+            few_pairs::<Self, S>(j, p0, p1)
         }
     }
 }
@@ -755,11 +671,17 @@ unsafe fn packed_cols_body<T: TileKernel>(
 ) {
     let (k, n) = (w.k(), w.n());
     match &w.data {
-        Storage::F32(d) => packed_generic::<_, T>(&Panels::<F32s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
-        Storage::F16(d) => packed_generic::<_, T>(&Panels::<F16s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
-        Storage::Bf16(d) => packed_generic::<_, T>(&Panels::<Bf16s>::new(d, &[], k), out, inp, bias, t, k, n, p0, p1),
+        Storage::F32(d) => {
+            packed_generic::<_, T>(&Job { src: &Panels::<F32s>::new(d, &[], k), out, inp, bias, t, k, n }, p0, p1)
+        }
+        Storage::F16(d) => {
+            packed_generic::<_, T>(&Job { src: &Panels::<F16s>::new(d, &[], k), out, inp, bias, t, k, n }, p0, p1)
+        }
+        Storage::Bf16(d) => {
+            packed_generic::<_, T>(&Job { src: &Panels::<Bf16s>::new(d, &[], k), out, inp, bias, t, k, n }, p0, p1)
+        }
         Storage::Q8 { q, scales } => {
-            packed_generic::<_, T>(&Panels::<Q8s>::new(q, scales, k), out, inp, bias, t, k, n, p0, p1)
+            packed_generic::<_, T>(&Job { src: &Panels::<Q8s>::new(q, scales, k), out, inp, bias, t, k, n }, p0, p1)
         }
     }
 }
@@ -768,22 +690,13 @@ unsafe fn packed_cols_body<T: TileKernel>(
 const FEW_ROWS: usize = 16;
 
 #[inline(always)]
-unsafe fn packed_generic<S: Source, T: TileKernel>(
-    src: &S,
-    out: *mut f32,
-    inp: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    p0: usize,
-    p1: usize,
-) {
+unsafe fn packed_generic<S: Source, T: TileKernel>(j: &Job<S>, p0: usize, p1: usize) {
+    let Job { t, k, .. } = *j;
     if t == 1 {
-        return T::decode(src, out, inp, bias, k, n, p0, p1);
+        return T::decode(j, p0, p1);
     }
     if t <= FEW_ROWS {
-        return T::few(src, out, inp, bias, t, k, n, p0, p1);
+        return T::few(j, p0, p1);
     }
     let mut kc0 = 0;
     loop {
@@ -796,16 +709,16 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
             for p in p0..p1 {
                 let mut r = g0;
                 while r + MR <= g1 {
-                    T::tile::<S, MR>(src, out, inp, bias, k, n, p, r, kc0, kc1);
+                    T::tile::<S, MR>(j, p, r, kc0, kc1);
                     r += MR;
                 }
                 match g1 - r {
                     0 => {}
-                    1 => T::tile::<S, 1>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                    2 => T::tile::<S, 2>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                    3 => T::tile::<S, 3>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                    4 => T::tile::<S, 4>(src, out, inp, bias, k, n, p, r, kc0, kc1),
-                    _ => T::tile::<S, 5>(src, out, inp, bias, k, n, p, r, kc0, kc1),
+                    1 => T::tile::<S, 1>(j, p, r, kc0, kc1),
+                    2 => T::tile::<S, 2>(j, p, r, kc0, kc1),
+                    3 => T::tile::<S, 3>(j, p, r, kc0, kc1),
+                    4 => T::tile::<S, 4>(j, p, r, kc0, kc1),
+                    _ => T::tile::<S, 5>(j, p, r, kc0, kc1),
                 }
             }
             g0 = g1;
@@ -820,18 +733,8 @@ unsafe fn packed_generic<S: Source, T: TileKernel>(
 /// Rows `r0..r0+R`, panel `p`, reduction rows `kc0..kc1`: continues the FMA chains stored in
 /// `out` (unless `kc0 == 0`), and adds the bias after the last block.
 #[inline(always)]
-unsafe fn packed_tile<S: Source, const R: usize>(
-    src: &S,
-    out: *mut f32,
-    inp: &[f32],
-    bias: &[f32],
-    k: usize,
-    n: usize,
-    p: usize,
-    r0: usize,
-    kc0: usize,
-    kc1: usize,
-) {
+unsafe fn packed_tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize, kc0: usize, kc1: usize) {
+    let Job { src, out, inp, bias, k, n, .. } = *j;
     let c0 = p * NR;
     let width = NR.min(n - c0);
     let mut acc = [[0.0f32; NR]; R];
