@@ -243,7 +243,7 @@ fn half_conversions_match_the_half_crate() {
 #[test]
 fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix() {
     let types = [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8];
-    let shapes: Vec<(usize, usize, usize)> = [1usize, 2, 5, 6, 7, 8, 13, 16, 17]
+    let shapes: Vec<(usize, usize, usize)> = [1usize, 2, 5, 6, 7, 8, 13, 16, 17, 37, 131]
         .iter()
         .flat_map(|&t| {
             [(1usize, 1usize), (7, 17), (17, 63), (63, 257), (257, 7), (300, 16), (600, 40)]
