@@ -14,31 +14,39 @@ macro_rules! dispatch {
     ($isa:expr, $name:ident ( $($arg:expr),* $(,)? )) => {
         match $isa.0 {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: an `Isa` of kind Avx2Fma or Avx512 is only made by `Isa::available` after
-            // the CPU reported AVX2 and FMA.
-            Kind::Avx2Fma | Kind::Avx512 => unsafe { avx2::$name($($arg),*) },
+            // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the CPU
+            // reported AVX2, FMA and F16C.
+            Kind::Avx2Fma => unsafe { avx2::$name($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F too.
+            Kind::Avx512 => unsafe { avx512::$name($($arg),*) },
             Kind::Scalar => $name($($arg),*),
         }
     };
 }
 
-/// Defines, for each listed body, a thin AVX2+FMA wrapper with the same signature.
-macro_rules! avx2_copies {
+/// Defines, for each listed body, a thin wrapper with the same signature per ISA: one module per
+/// ISA, one feature set per ISA (the bodies' arithmetic is fixed; only the registers differ).
+macro_rules! isa_copies {
     ($( $(#[$m:meta])* fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)? ; )*) => {
+        isa_copies!(@module avx2, "avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
+        isa_copies!(@module avx512, "avx512f,avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
+    };
+    (@module $module:ident, $features:literal, $( fn $name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)? ; )*) => {
         #[cfg(target_arch = "x86_64")]
-        mod avx2 {
+        mod $module {
             #[allow(unused_imports)]
             use super::*;
             $(
                 #[allow(clippy::too_many_arguments)] // the bodies' own signatures
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = $features)]
                 pub(super) unsafe fn $name($($a: $t),*) $(-> $r)? { super::$name($($a),*) }
             )*
         }
     };
 }
 
-avx2_copies! {
+isa_copies! {
     fn matmul_cols_body(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize);
     fn sum_body(a: &[f32]) -> f32;
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
