@@ -75,5 +75,99 @@ fn attention_decode(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, matmuls, vocab_projection, attention_decode);
+/// Our packed matmul beside two well-tuned Rust sgemms (yardsticks, issue #10) at the GPT-2
+/// shapes, one thread each, f32, `out = inp @ W` (+ bias for ours, which costs one pass over the
+/// output): `matrixmultiply` (BLIS-style, runtime-dispatched) and `gemm` (the one candle uses).
+fn sgemm_yardsticks(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let isa = Isa::detect();
+    for (k, n, name) in [(768usize, 2304usize, "c_attn"), (768, 3072, "c_fc"), (3072, 768, "mlp.c_proj")] {
+        let w = data(k * n, 1);
+        let bias = vec![0.0; n];
+        let packed = PackedMatrix::pack(&w, k, n, WeightType::F32);
+        for t in [1usize, 8, 128, 512] {
+            let inp = data(t * k, 3);
+            let mut out = vec![0.0f32; t * n];
+            // The yardsticks compute the same product (a benchmark of garbage would be worthless).
+            let mut theirs = vec![0.0f32; t * n];
+            pool.install(|| matmul_packed(isa, &mut out, &inp, &packed, &bias, t));
+            // SAFETY: as in the benchmarks below.
+            unsafe {
+                matrixmultiply::sgemm(
+                    t,
+                    k,
+                    n,
+                    1.0,
+                    inp.as_ptr(),
+                    k as isize,
+                    1,
+                    w.as_ptr(),
+                    n as isize,
+                    1,
+                    0.0,
+                    theirs.as_mut_ptr(),
+                    n as isize,
+                    1,
+                )
+            };
+            let diff = out.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-3, "{name} T={t}: kvgpt and matrixmultiply differ by {diff}");
+            let mut g = c.benchmark_group(format!("sgemm_{name}_{k}x{n}_T{t}"));
+            g.throughput(Throughput::Elements((2 * t * k * n) as u64)); // FLOPs
+            g.bench_function("kvgpt_packed", |b| {
+                pool.install(|| b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t)))
+            });
+            g.bench_function("matrixmultiply", |b| {
+                b.iter(|| unsafe {
+                    // SAFETY: row-major [t, k] @ [k, n] -> [t, n], all buffers of those sizes.
+                    matrixmultiply::sgemm(
+                        t,
+                        k,
+                        n,
+                        1.0,
+                        inp.as_ptr(),
+                        k as isize,
+                        1,
+                        w.as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        out.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                })
+            });
+            g.bench_function("gemm", |b| {
+                b.iter(|| unsafe {
+                    // SAFETY: as above; gemm takes (dst, src) pointers with column and row strides.
+                    gemm::gemm(
+                        t,
+                        n,
+                        k,
+                        out.as_mut_ptr(),
+                        1,
+                        n as isize,
+                        false,
+                        inp.as_ptr(),
+                        1,
+                        k as isize,
+                        w.as_ptr(),
+                        1,
+                        n as isize,
+                        0.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                })
+            });
+            g.finish();
+        }
+    }
+}
+
+criterion_group!(benches, matmuls, vocab_projection, attention_decode, sgemm_yardsticks);
 criterion_main!(benches);
