@@ -1,7 +1,8 @@
 //! Kernel throughput at DistilGPT-2 shapes: matmul over packed weights (f32, f16, int8) for
 //! decode (T=1, reported as weight bytes/s) and prefill (T=128, reported as FLOP/s as
 //! "elements"), the tied vocabulary projection, and attention over a 512-position cache.
-//! Run: `cargo bench --bench kernels` (single thread unless RAYON_NUM_THREADS is set).
+//! Run: `cargo bench -p kvgpt-kernels --bench kernels` (single thread unless RAYON_NUM_THREADS is
+//! set; the sgemm yardsticks always one thread).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvgpt_kernels::*;
