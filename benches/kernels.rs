@@ -79,9 +79,10 @@ fn attention_decode(c: &mut Criterion) {
 /// Our packed matmul beside two well-tuned Rust sgemms (yardsticks, issue #10) at the GPT-2
 /// shapes, one thread each, f32, `out = inp @ W` (+ bias for ours, which costs one pass over the
 /// output): `matrixmultiply` (BLIS-style, runtime-dispatched) and `gemm` (the one candle uses).
+/// `KVGPT_ISA=avx2+fma` (any name `Isa::by_name` knows) runs ours on that path instead of the best.
 fn sgemm_yardsticks(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
-    let isa = Isa::detect();
+    let isa = std::env::var("KVGPT_ISA").ok().and_then(|n| Isa::by_name(&n)).unwrap_or_else(Isa::detect);
     for (k, n, name) in [(768usize, 2304usize, "c_attn"), (768, 3072, "c_fc"), (3072, 768, "mlp.c_proj")] {
         let w = data(k * n, 1);
         let bias = vec![0.0; n];
