@@ -79,6 +79,14 @@ fn attention_decode(c: &mut Criterion) {
 /// Our packed matmul beside two well-tuned Rust sgemms (yardsticks, issue #10) at the GPT-2
 /// shapes, one thread each, f32, `out = inp @ W` (+ bias for ours, which costs one pass over the
 /// output): `matrixmultiply` (BLIS-style, runtime-dispatched) and `gemm` (the one candle uses).
+/// `out[t, n] = inp[t, k] @ w[k, n]` by matrixmultiply (row-major, no bias).
+fn mm_sgemm(out: &mut [f32], inp: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n);
+    let (ks, ns) = (k as isize, n as isize);
+    // SAFETY: row-major [t, k] @ [k, n] -> [t, n]; the buffers hold those sizes (asserted above).
+    unsafe { matrixmultiply::sgemm(t, k, n, 1.0, inp.as_ptr(), ks, 1, w.as_ptr(), ns, 1, 0.0, out.as_mut_ptr(), ns, 1) }
+}
+
 /// `KVGPT_ISA=avx2+fma` (any name `Isa::by_name` knows) runs ours on that path instead of the best.
 fn sgemm_yardsticks(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
@@ -93,25 +101,7 @@ fn sgemm_yardsticks(c: &mut Criterion) {
             // The yardsticks compute the same product (a benchmark of garbage would be worthless).
             let mut theirs = vec![0.0f32; t * n];
             pool.install(|| matmul_packed(isa, &mut out, &inp, &packed, &bias, t));
-            // SAFETY: as in the benchmarks below.
-            unsafe {
-                matrixmultiply::sgemm(
-                    t,
-                    k,
-                    n,
-                    1.0,
-                    inp.as_ptr(),
-                    k as isize,
-                    1,
-                    w.as_ptr(),
-                    n as isize,
-                    1,
-                    0.0,
-                    theirs.as_mut_ptr(),
-                    n as isize,
-                    1,
-                )
-            };
+            mm_sgemm(&mut theirs, &inp, &w, t, k, n);
             let diff = out.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             assert!(diff < 1e-3, "{name} T={t}: kvgpt and matrixmultiply differ by {diff}");
             let mut g = c.benchmark_group(format!("sgemm_{name}_{k}x{n}_T{t}"));
@@ -119,27 +109,7 @@ fn sgemm_yardsticks(c: &mut Criterion) {
             g.bench_function("kvgpt_packed", |b| {
                 pool.install(|| b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t)))
             });
-            g.bench_function("matrixmultiply", |b| {
-                b.iter(|| unsafe {
-                    // SAFETY: row-major [t, k] @ [k, n] -> [t, n], all buffers of those sizes.
-                    matrixmultiply::sgemm(
-                        t,
-                        k,
-                        n,
-                        1.0,
-                        inp.as_ptr(),
-                        k as isize,
-                        1,
-                        w.as_ptr(),
-                        n as isize,
-                        1,
-                        0.0,
-                        out.as_mut_ptr(),
-                        n as isize,
-                        1,
-                    )
-                })
-            });
+            g.bench_function("matrixmultiply", |b| b.iter(|| mm_sgemm(black_box(&mut out), &inp, &w, t, k, n)));
             g.bench_function("gemm", |b| {
                 b.iter(|| unsafe {
                     // SAFETY: as above; gemm takes (dst, src) pointers with column and row strides.
