@@ -121,9 +121,11 @@ pub(crate) fn softmax(isa: Isa, x: &mut [f32]) {
 pub(crate) fn scores(isa: Isa, scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma or Avx512 is only made after the CPU reported AVX2,
-        // FMA, F16C.
-        Kind::Avx2Fma | Kind::Avx512 => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
+        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
+        Kind::Avx2Fma => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F too.
+        Kind::Avx512 => unsafe { x86::scores_avx512(scores, q, kh, hs, scale) },
         Kind::Scalar => scores_body(scores, q, kh, hs, scale),
     }
 }
@@ -132,7 +134,10 @@ pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], probs: &[f32], vh: &[f32],
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Kind::Avx2Fma | Kind::Avx512 => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
+        Kind::Avx2Fma => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Kind::Avx512 => unsafe { x86::weighted_sum_avx512(out, probs, vh, hs) },
         Kind::Scalar => weighted_sum_body(out, probs, vh, hs),
     }
 }
@@ -893,6 +898,71 @@ pub(crate) mod x86 {
         }
         for (d, accd) in acc.iter().enumerate() {
             _mm256_storeu_ps(out.as_mut_ptr().add(8 * d), *accd);
+        }
+    }
+
+    /// [`scores_avx2`] with each key's 16 lanes in one AVX-512 register: the same per-lane FMA
+    /// chains, then the same reduction (the register's halves are the AVX2 (lo, hi) pair).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn scores_avx512(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+        let n = scores.len();
+        if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
+            return scores_body(scores, q, kh, hs, scale);
+        }
+        let (qp, kp) = (q.as_ptr(), kh.as_ptr());
+        let halves = |z: __m512| -> [V; 2] {
+            [_mm512_castps512_ps256(z), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1))]
+        };
+        let dot4 = |k: *const f32| -> [[V; 2]; 4] {
+            let mut acc = [_mm512_setzero_ps(); 4];
+            let mut c = 0;
+            while c < hs {
+                // SAFETY (below): c + 16 <= hs floats of q and of each of the four keys.
+                let a = _mm512_loadu_ps(qp.add(c));
+                for (x, accx) in acc.iter_mut().enumerate() {
+                    *accx = _mm512_fmadd_ps(a, _mm512_loadu_ps(k.add(x * hs + c)), *accx);
+                }
+                c += NR;
+            }
+            acc.map(halves)
+        };
+        let mut j = 0;
+        while j + 4 <= n {
+            // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
+            let r = _mm_mul_ps(reduce16x4(&dot4(kp.add(j * hs))), _mm_set1_ps(scale));
+            _mm_storeu_ps(scores.as_mut_ptr().add(j), r);
+            j += 4;
+        }
+        for (x, s) in scores.iter_mut().enumerate().skip(j) {
+            // SAFETY: key x < n lies inside kh.
+            let [acc] = dot_keys::<1>(qp, kp.add(x * hs), hs);
+            *s = reduce16(acc[0], acc[1]) * scale;
+        }
+    }
+
+    /// [`weighted_sum_avx2`] in four AVX-512 registers: the same chain per output.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn weighted_sum_avx512(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+        if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
+            return weighted_sum_body(out, probs, vh, hs);
+        }
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (j, &pj) in probs.iter().enumerate() {
+            let a = _mm512_set1_ps(pj);
+            // SAFETY: row j of vh holds 64 floats (checked above).
+            let v = vh.as_ptr().add(j * 64);
+            for (d, accd) in acc.iter_mut().enumerate() {
+                *accd = _mm512_fmadd_ps(a, _mm512_loadu_ps(v.add(16 * d)), *accd);
+            }
+        }
+        for (d, accd) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * d), *accd);
         }
     }
 
