@@ -834,13 +834,57 @@ pub(crate) mod x86 {
         packed_cols_body::<Simd<Z>>(out, inp, w, bias, t, p0, p1)
     }
 
-    /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
-    /// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
-    ///
+    /// A row of 16 lanes as the two AVX2 halves (lanes 0–7, 8–15) the reductions take.
+    pub(crate) trait Halves: Lanes {
+        unsafe fn halves(self) -> [V; 2];
+    }
+
+    impl Halves for Y {
+        #[inline(always)]
+        unsafe fn halves(self) -> [V; 2] {
+            [self.0, self.1]
+        }
+    }
+
+    impl Halves for Z {
+        #[inline(always)]
+        unsafe fn halves(self) -> [V; 2] {
+            [_mm512_castps512_ps256(self.0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(self.0), 1))]
+        }
+    }
+
     /// # Safety
-    /// The CPU must have AVX2 and FMA.
+    /// The CPU must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn scores_avx2(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+        scores_lanes::<Y>(scores, q, kh, hs, scale)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn scores_avx512(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+        scores_lanes::<Z>(scores, q, kh, hs, scale)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn weighted_sum_avx2(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+        weighted_sum_lanes::<Y>(out, probs, vh, hs)
+    }
+
+    /// # Safety
+    /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(crate) unsafe fn weighted_sum_avx512(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+        weighted_sum_lanes::<Z>(out, probs, vh, hs)
+    }
+
+    /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
+    /// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
+    #[inline(always)]
+    unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
         let n = scores.len();
         if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
             return scores_body(scores, q, kh, hs, scale);
@@ -849,121 +893,51 @@ pub(crate) mod x86 {
         let mut j = 0;
         while j + 4 <= n {
             // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
-            let r = _mm_mul_ps(reduce16x4(&dot_keys::<4>(qp, kp.add(j * hs), hs)), _mm_set1_ps(scale));
+            let r = _mm_mul_ps(reduce16x4(&dot_keys::<L, 4>(qp, kp.add(j * hs), hs)), _mm_set1_ps(scale));
             _mm_storeu_ps(scores.as_mut_ptr().add(j), r);
             j += 4;
         }
         for (x, s) in scores.iter_mut().enumerate().skip(j) {
             // SAFETY: key x < n lies inside kh.
-            let [acc] = dot_keys::<1>(qp, kp.add(x * hs), hs);
-            *s = reduce16(acc[0], acc[1]) * scale;
+            let [[lo, hi]] = dot_keys::<L, 1>(qp, kp.add(x * hs), hs);
+            *s = reduce16(lo, hi) * scale;
         }
     }
 
     /// The 16-lane partial sums of `q · k` for `G` consecutive keys of `hs` floats at `k`.
     #[inline(always)]
-    unsafe fn dot_keys<const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
-        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+    unsafe fn dot_keys<L: Halves, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
+        let mut acc = [L::zero(); G];
         let mut c = 0;
         while c < hs {
             // SAFETY (caller): c + 16 <= hs floats of q, and of each of the G keys.
-            let (a0, a1) = (_mm256_loadu_ps(q.add(c)), _mm256_loadu_ps(q.add(c + 8)));
+            let a = L::load(q.add(c));
             for (x, accx) in acc.iter_mut().enumerate() {
-                let kr = k.add(x * hs + c);
-                accx[0] = _mm256_fmadd_ps(a0, _mm256_loadu_ps(kr), accx[0]);
-                accx[1] = _mm256_fmadd_ps(a1, _mm256_loadu_ps(kr.add(8)), accx[1]);
+                *accx = L::fma(a, L::load(k.add(x * hs + c)), *accx);
             }
             c += NR;
         }
-        acc
+        acc.map(|a| a.halves())
     }
 
-    /// `out = Σ_j probs[j] · v_j` over one head with the head's 64 outputs (or any multiple of 8
-    /// up to 64) held in registers; the same chain per output as `weighted_sum_body`.
-    ///
-    /// # Safety
-    /// The CPU must have AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_sum_avx2(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+    /// `out = Σ_j probs[j] · v_j` over one head of 64 outputs held in four rows of lanes; the same
+    /// chain per output as `weighted_sum_body`.
+    #[inline(always)]
+    unsafe fn weighted_sum_lanes<L: Lanes>(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
         if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
             return weighted_sum_body(out, probs, vh, hs);
         }
-        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut acc = [L::zero(); 4];
         for (j, &pj) in probs.iter().enumerate() {
-            let a = _mm256_set1_ps(pj);
+            let a = L::splat(pj);
             // SAFETY: row j of vh holds 64 floats (checked above).
             let v = vh.as_ptr().add(j * 64);
             for (d, accd) in acc.iter_mut().enumerate() {
-                *accd = _mm256_fmadd_ps(a, _mm256_loadu_ps(v.add(8 * d)), *accd);
+                *accd = L::fma(a, L::load(v.add(NR * d)), *accd);
             }
         }
         for (d, accd) in acc.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(8 * d), *accd);
-        }
-    }
-
-    /// [`scores_avx2`] with each key's 16 lanes in one AVX-512 register: the same per-lane FMA
-    /// chains, then the same reduction (the register's halves are the AVX2 (lo, hi) pair).
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(crate) unsafe fn scores_avx512(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-        let n = scores.len();
-        if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
-            return scores_body(scores, q, kh, hs, scale);
-        }
-        let (qp, kp) = (q.as_ptr(), kh.as_ptr());
-        let halves = |z: __m512| -> [V; 2] {
-            [_mm512_castps512_ps256(z), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(z), 1))]
-        };
-        let dot4 = |k: *const f32| -> [[V; 2]; 4] {
-            let mut acc = [_mm512_setzero_ps(); 4];
-            let mut c = 0;
-            while c < hs {
-                // SAFETY (below): c + 16 <= hs floats of q and of each of the four keys.
-                let a = _mm512_loadu_ps(qp.add(c));
-                for (x, accx) in acc.iter_mut().enumerate() {
-                    *accx = _mm512_fmadd_ps(a, _mm512_loadu_ps(k.add(x * hs + c)), *accx);
-                }
-                c += NR;
-            }
-            acc.map(halves)
-        };
-        let mut j = 0;
-        while j + 4 <= n {
-            // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
-            let r = _mm_mul_ps(reduce16x4(&dot4(kp.add(j * hs))), _mm_set1_ps(scale));
-            _mm_storeu_ps(scores.as_mut_ptr().add(j), r);
-            j += 4;
-        }
-        for (x, s) in scores.iter_mut().enumerate().skip(j) {
-            // SAFETY: key x < n lies inside kh.
-            let [acc] = dot_keys::<1>(qp, kp.add(x * hs), hs);
-            *s = reduce16(acc[0], acc[1]) * scale;
-        }
-    }
-
-    /// [`weighted_sum_avx2`] in four AVX-512 registers: the same chain per output.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F, AVX2 and FMA.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_sum_avx512(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-        if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
-            return weighted_sum_body(out, probs, vh, hs);
-        }
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for (j, &pj) in probs.iter().enumerate() {
-            let a = _mm512_set1_ps(pj);
-            // SAFETY: row j of vh holds 64 floats (checked above).
-            let v = vh.as_ptr().add(j * 64);
-            for (d, accd) in acc.iter_mut().enumerate() {
-                *accd = _mm512_fmadd_ps(a, _mm512_loadu_ps(v.add(16 * d)), *accd);
-            }
-        }
-        for (d, accd) in acc.iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * d), *accd);
+            accd.store(out.as_mut_ptr().add(NR * d));
         }
     }
 
