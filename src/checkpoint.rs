@@ -208,13 +208,6 @@ impl Checkpoint {
         Ok(Checkpoint { file: file.into(), f, header, prefix })
     }
 
-    /// The names of every tensor in the file.
-    pub fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.header.tensors.keys().cloned().collect();
-        v.sort();
-        v
-    }
-
     fn info(&self, name: &str) -> Result<(String, &TensorInfo)> {
         let full = format!("{}{name}", self.prefix);
         match self.header.tensors.get(&full) {

@@ -30,10 +30,6 @@ impl Format {
     }
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic(path, bytes)
-}
-
 /// Writes `bytes` to a temporary file beside `path`, then renames it over `path`: a failed write
 /// (a full disk, a signal) leaves `path` as it was and no half file behind. A symlink at `path`
 /// is replaced, never written through.
@@ -63,7 +59,7 @@ pub fn write(path: &Path, tensors: &[Named]) -> Result<Vec<String>> {
             let t = tensors.first().ok_or_else(|| Error::Invalid("nothing to export".into()))?;
             let mut out = npy_header(&t.shape);
             out.extend(t.data.iter().flat_map(|x| x.to_le_bytes()));
-            write_file(path, &out)?;
+            write_atomic(path, &out)?;
             return Ok(vec![t.name.clone()]);
         }
         Format::Safetensors => {
@@ -81,7 +77,7 @@ pub fn write(path: &Path, tensors: &[Named]) -> Result<Vec<String>> {
             safetensors::serialize(views, None).map_err(|e| Error::Invalid(format!("safetensors: {e}")))?
         }
     };
-    write_file(path, &bytes)?;
+    write_atomic(path, &bytes)?;
     Ok(tensors.iter().map(|t| t.name.clone()).collect())
 }
 

@@ -168,24 +168,24 @@ impl Batched for Sequence {
     }
 }
 
-/// Checks that the prompt and the new tokens fit the model's positions.
+/// Checks that the prompt and the new tokens fit the model's positions. The last new token is
+/// sampled and never fed back: prompt + new − 1 positions are run.
 pub fn check_context(model: &Model, prompt: usize, new: usize) -> Result<()> {
-    // The last new token is sampled and never fed back: prompt + new − 1 positions are run.
-    let n_positions = model.config.n_positions;
-    let room = if prompt <= n_positions { n_positions - prompt + 1 } else { 0 };
-    if prompt > n_positions || new > room {
-        return Err(Error::ContextOverflow { prompt, new, n_positions, room });
-    }
-    Ok(())
+    check_positions(model, prompt, new, 1)
 }
 
 /// Errors unless `prompt` tokens and then `fed` more, each fed to the model (as a benchmark's
 /// decode steps are), fit the model's positions.
 pub fn check_fed(model: &Model, prompt: usize, fed: usize) -> Result<()> {
+    check_positions(model, prompt, fed, 0)
+}
+
+/// `new` tokens after `prompt`, of which the last `unfed` are never run.
+fn check_positions(model: &Model, prompt: usize, new: usize, unfed: usize) -> Result<()> {
     let n_positions = model.config.n_positions;
-    let room = n_positions.saturating_sub(prompt);
-    if prompt > n_positions || fed > room {
-        return Err(Error::ContextOverflow { prompt, new: fed, n_positions, room });
+    let room = if prompt <= n_positions { n_positions - prompt + unfed } else { 0 };
+    if prompt > n_positions || new > room {
+        return Err(Error::ContextOverflow { prompt, new, n_positions, room });
     }
     Ok(())
 }

@@ -415,6 +415,8 @@ async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
         if ids.is_empty() {
             ids.push(r.eos); // an empty prompt starts from <|endoftext|>, as `kvgpt generate` does
         }
+        // OpenAI's rule, stricter by one than `generate`'s (which does not count the last token,
+        // never fed): prompt + max_tokens ≤ the context length, as OpenAI clients expect.
         let room = r.n_positions.saturating_sub(ids.len());
         let max_tokens = params.max_tokens.unwrap_or(match ep {
             Endpoint::Completions => 16,
