@@ -21,14 +21,15 @@ fn data(n: usize, seed: u32) -> Vec<f32> {
 }
 
 fn matmuls(c: &mut Criterion) {
-    let isa = Isa::detect();
+    let isa = std::env::var("KVGPT_ISA").ok().and_then(|n| Isa::by_name(&n)).unwrap_or_else(Isa::detect);
     for (k, n, name) in [(768, 2304, "c_attn"), (768, 3072, "c_fc"), (3072, 768, "mlp.c_proj")] {
         let w = data(k * n, 1);
         let bias = data(n, 2);
-        for ty in [WeightType::F32, WeightType::F16, WeightType::Q8] {
+        for ty in [WeightType::F32, WeightType::F16, WeightType::Q8, WeightType::W8A8] {
             let packed = PackedMatrix::pack(&w, k, n, ty);
+            let mut acts = QuantizedActs::default();
             let mut g = c.benchmark_group(format!("matmul_{name}_{k}x{n}_{}", ty.name()));
-            for t in [1usize, 128] {
+            for t in [1usize, 8, 128, 512] {
                 let inp = data(t * k, 3);
                 let mut out = vec![0.0; t * n];
                 if t == 1 {
@@ -37,7 +38,7 @@ fn matmuls(c: &mut Criterion) {
                     g.throughput(Throughput::Elements((2 * t * k * n) as u64)); // FLOPs
                 }
                 g.bench_with_input(BenchmarkId::new("T", t), &t, |b, &t| {
-                    b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t))
+                    b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t, &mut acts))
                 });
             }
             g.finish();
@@ -52,12 +53,13 @@ fn vocab_projection(c: &mut Criterion) {
     let x = data(k, 5);
     let zero = vec![0.0; v];
     let mut g = c.benchmark_group("lm_head_768x50257");
-    for ty in [WeightType::F32, WeightType::F16, WeightType::Q8] {
+    for ty in [WeightType::F32, WeightType::F16, WeightType::Q8, WeightType::W8A8] {
         let wte_t = PackedMatrix::pack(&w, k, v, ty);
+        let mut acts = QuantizedActs::default();
         let mut out = vec![0.0; v];
         g.throughput(Throughput::Bytes(wte_t.bytes() as u64));
         g.bench_function(ty.name(), |b| {
-            b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&x), &wte_t, &zero, 1))
+            b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&x), &wte_t, &zero, 1, &mut acts))
         });
     }
     g.finish();
@@ -95,19 +97,22 @@ fn sgemm_yardsticks(c: &mut Criterion) {
         let w = data(k * n, 1);
         let bias = vec![0.0; n];
         let packed = PackedMatrix::pack(&w, k, n, WeightType::F32);
+        let mut acts = QuantizedActs::default();
         for t in [1usize, 8, 128, 512] {
             let inp = data(t * k, 3);
             let mut out = vec![0.0f32; t * n];
             // The yardsticks compute the same product (a benchmark of garbage would be worthless).
             let mut theirs = vec![0.0f32; t * n];
-            pool.install(|| matmul_packed(isa, &mut out, &inp, &packed, &bias, t));
+            pool.install(|| matmul_packed(isa, &mut out, &inp, &packed, &bias, t, &mut QuantizedActs::default()));
             mm_sgemm(&mut theirs, &inp, &w, t, k, n);
             let diff = out.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
             assert!(diff < 1e-3, "{name} T={t}: kvgpt and matrixmultiply differ by {diff}");
             let mut g = c.benchmark_group(format!("sgemm_{name}_{k}x{n}_T{t}"));
             g.throughput(Throughput::Elements((2 * t * k * n) as u64)); // FLOPs
             g.bench_function("kvgpt_packed", |b| {
-                pool.install(|| b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t)))
+                pool.install(|| {
+                    b.iter(|| matmul_packed(isa, black_box(&mut out), black_box(&inp), &packed, &bias, t, &mut acts))
+                })
             });
             g.bench_function("matrixmultiply", |b| b.iter(|| mm_sgemm(black_box(&mut out), &inp, &w, t, k, n)));
             g.bench_function("gemm", |b| {

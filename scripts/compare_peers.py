@@ -478,7 +478,7 @@ def parse_args():
     ap.add_argument("-r", dest="reps", type=int, default=3, help="interleaved repetitions (default 3)")
     ap.add_argument("-t", dest="threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--kvgpt", default="target/release/kvgpt", help="kvgpt binary")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "q8"],
+    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "q8", "w8a8"],
                     help="kvgpt's --dtype (default f32); HF and ORT always run float32, llama.cpp the GGUF's type")
     ap.add_argument("--engines", default="kvgpt,hf,ort,llama",
                     help="comma-separated subset of kvgpt,hf,ort,llama to run (default all)")

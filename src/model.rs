@@ -81,15 +81,16 @@ impl Batched for Rows<'_> {
 /// allocates nothing.
 pub struct Scratch {
     rows: usize,
-    x: Vec<f32>,      // [T, C] the residual stream
-    xn: Vec<f32>,     // [T, C] LayerNorm output
-    qkv: Vec<f32>,    // [T, 3C]
-    att: Vec<f32>,    // [T, C] attention output (heads side by side)
-    proj: Vec<f32>,   // [T, C] c_proj outputs
-    fc: Vec<f32>,     // [T, F]
-    scores: Vec<f32>, // [NH, n_positions] one score row per head
-    probs: Vec<f32>,  // [NH, T, P+T] only when a tap asks for attention weights
-    logits: Vec<f32>, // [R, V] of a batch whose logits go to several sequences
+    x: Vec<f32>,            // [T, C] the residual stream
+    xn: Vec<f32>,           // [T, C] LayerNorm output
+    qkv: Vec<f32>,          // [T, 3C]
+    att: Vec<f32>,          // [T, C] attention output (heads side by side)
+    proj: Vec<f32>,         // [T, C] c_proj outputs
+    fc: Vec<f32>,           // [T, F]
+    scores: Vec<f32>,       // [NH, n_positions] one score row per head
+    probs: Vec<f32>,        // [NH, T, P+T] only when a tap asks for attention weights
+    logits: Vec<f32>,       // [R, V] of a batch whose logits go to several sequences
+    acts: k::QuantizedActs, // [T, K] int8 activations of the matmul at hand (W8A8 only)
 }
 
 impl Scratch {
@@ -107,6 +108,7 @@ impl Scratch {
             scores: vec![0.0; cfg.n_head * cfg.n_positions],
             probs: vec![],
             logits: vec![],
+            acts: k::QuantizedActs::default(),
         };
         s.ensure(cfg, rows);
         s
@@ -141,8 +143,8 @@ impl Conv1D {
     }
 
     /// `out[T, n_out] = inp[T, n_in] @ weight + bias`.
-    fn forward(&self, isa: Isa, out: &mut [f32], inp: &[f32], t: usize) {
-        k::matmul_packed(isa, out, inp, &self.weight, &self.bias, t);
+    fn forward(&self, isa: Isa, out: &mut [f32], inp: &[f32], t: usize, acts: &mut k::QuantizedActs) {
+        k::matmul_packed(isa, out, inp, &self.weight, &self.bias, t, acts);
     }
 }
 
@@ -360,7 +362,7 @@ impl Model {
         debug_assert!(!lnf_all || batch.len() == 1, "taps observe one sequence");
         tap.begin(batch[0].rows().cache.len(), t);
         scratch.ensure(cfg, t);
-        let Scratch { x, xn, qkv, att, proj, fc, scores, probs, logits: batch_logits, .. } = scratch;
+        let Scratch { x, xn, qkv, att, proj, fc, scores, probs, logits: batch_logits, acts, .. } = scratch;
         let (x, xn, qkv) = (&mut x[..t * c], &mut xn[..t * c], &mut qkv[..t * 3 * c]);
         let (att, proj, fc) = (&mut att[..t * c], &mut proj[..t * c], &mut fc[..t * f]);
 
@@ -383,7 +385,7 @@ impl Model {
             // Attention: x += c_proj(softmax(q kᵀ / √HS, causal) v), q k v from c_attn(ln_1(x)).
             blk.ln_1.forward(isa, xn, x, t, eps); //                                  [T, C]
             report(tap, Point::Ln1(l), &[t, c], xn);
-            blk.c_attn.forward(isa, qkv, xn, t); //                                    [T, 3C]
+            blk.c_attn.forward(isa, qkv, xn, t, acts); //                                    [T, 3C]
             report(tap, Point::CAttn(l), &[t, 3 * c], qkv);
             let mut row = 0;
             for b in batch.iter_mut() {
@@ -408,17 +410,17 @@ impl Model {
                 }
                 row += ti;
             }
-            blk.attn_c_proj.forward(isa, proj, att, t); //                             [T, C]
+            blk.attn_c_proj.forward(isa, proj, att, t, acts); //                             [T, C]
             report(tap, Point::AttnProj(l), &[t, c], proj);
             k::add_inplace(x, proj);
 
             // MLP: x += c_proj(gelu_new(c_fc(ln_2(x)))).
             blk.ln_2.forward(isa, xn, x, t, eps); //                                  [T, C]
             report(tap, Point::Ln2(l), &[t, c], xn);
-            blk.c_fc.forward(isa, fc, xn, t); //                                       [T, F]
+            blk.c_fc.forward(isa, fc, xn, t, acts); //                                       [T, F]
             k::gelu_new(isa, fc);
             report(tap, Point::MlpAct(l), &[t, f], fc);
-            blk.mlp_c_proj.forward(isa, proj, fc, t); //                               [T, C]
+            blk.mlp_c_proj.forward(isa, proj, fc, t, acts); //                               [T, C]
             report(tap, Point::MlpProj(l), &[t, c], proj);
             k::add_inplace(x, proj);
             report(tap, Point::Block(l), &[t, c], x);
@@ -441,13 +443,14 @@ impl Model {
         let xn_logits = &xn[(sel - r_all) * c..sel * c];
         if wanting == 1 {
             let s = batch.iter_mut().map(|b| b.rows()).find(|s| !s.logits.is_empty()).expect("one wants logits");
-            k::matmul_packed(isa, s.logits, xn_logits, &self.wte, &self.no_bias, r_all);
+            k::matmul_packed(isa, s.logits, xn_logits, &self.wte, &self.no_bias, r_all, acts);
             report(tap, Point::Logits, &[r_all, v], s.logits);
         } else if wanting > 1 {
             if batch_logits.len() < r_all * v {
                 batch_logits.resize(r_all * v, 0.0); // grows with the largest batch, then stays
             }
-            k::matmul_packed(isa, &mut batch_logits[..r_all * v], xn_logits, &self.wte, &self.no_bias, r_all);
+            let logits = &mut batch_logits[..r_all * v];
+            k::matmul_packed(isa, logits, xn_logits, &self.wte, &self.no_bias, r_all, acts);
             let mut done = 0;
             for b in batch.iter_mut() {
                 let s = b.rows();
@@ -481,7 +484,8 @@ impl Model {
         let mut xn = vec![0.0; r * c];
         self.ln_f.forward(self.isa, &mut xn, hidden, r, self.config.layer_norm_epsilon);
         let mut out = vec![0.0; r * v];
-        k::matmul_packed(self.isa, &mut out, &xn, &self.wte, &self.no_bias, r);
+        let mut acts = k::QuantizedActs::default();
+        k::matmul_packed(self.isa, &mut out, &xn, &self.wte, &self.no_bias, r, &mut acts);
         out
     }
 }

@@ -280,6 +280,11 @@ fn bench_reports_every_row_in_every_format() {
     let mut lines = csv.lines();
     assert!(lines.next().unwrap().starts_with("test,mode,prompt_tokens,gen_tokens,dtype"));
     assert_eq!(lines.filter(|l| l.contains(",q8,")).count(), 2);
+    // W8A8 through the CLI: cached and uncached decoding give the same bits with int8
+    // activations too.
+    let (out, _) = ok(&kvgpt(&["verify", "cache", "--model", &m, "--dtype", "w8a8", "--json", "Hello there"], None));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(j["pass"] == true && j["max_abs_diff"] == 0.0 && j["steps"] == 20, "{j}");
     let out = kvgpt(&["bench", "--model", &m, "-p", "0"], None);
     assert_eq!(out.status.code(), Some(1));
     let out = kvgpt(&["bench", "--model", &m, "-p", "100", "-n", "100"], None);

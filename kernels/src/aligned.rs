@@ -14,6 +14,7 @@ pub trait Plain: Copy + 'static {}
 impl Plain for f32 {}
 impl Plain for u16 {}
 impl Plain for i8 {}
+impl Plain for u8 {}
 
 /// `len` values of `T`, zero-initialised, starting on a 64-byte boundary.
 pub struct Aligned<T: Plain> {

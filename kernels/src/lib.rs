@@ -15,13 +15,16 @@
 //! [`Isa`] is detected once by the caller and passed in; tests run every path against the scalar one.
 
 mod aligned;
+mod int8;
 mod math;
 mod packed;
 mod simd;
 
+pub use int8::QuantizedActs;
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, PackedMatrix, WeightType, NR, Q8_BLOCK,
+    W8_BLOCK,
 };
 
 use rayon::prelude::*;
@@ -36,8 +39,9 @@ pub(crate) enum Kind {
     Scalar,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
-    /// AVX-512F on top of AVX2 + FMA + F16C: the packed matmul in 512-bit registers; the other
-    /// kernels run their AVX2 copies.
+    /// AVX-512 F, BW, VL and VNNI on top of AVX2 + FMA + F16C: the packed matmul and attention
+    /// in 512-bit registers, W8A8 with `vpdpbusd`; the other kernels are the AVX2 bodies compiled
+    /// with these features. (An AVX-512 CPU without VNNI, as Skylake-SP, runs the AVX2 path.)
     #[cfg(target_arch = "x86_64")]
     Avx512,
 }
@@ -63,7 +67,7 @@ impl Isa {
             use std::is_x86_feature_detected as has;
             if has!("avx2") && has!("fma") && has!("f16c") {
                 v.push(Isa(Kind::Avx2Fma));
-                if has!("avx512f") {
+                if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
                     v.push(Isa(Kind::Avx512));
                 }
             }
@@ -122,20 +126,34 @@ pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t
     }
 }
 
-/// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`; the same bits as [`crate::matmul`] on
-/// `W.unpack()`.
-pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, bias: &[f32], t: usize) {
+/// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`: the same bits as [`crate::matmul`] on
+/// `W.unpack()`, except for W8A8, whose activations are quantized too (into `acts`, which the
+/// caller keeps so that decoding does not allocate); see the `int8` module for its arithmetic.
+#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
+pub fn matmul_packed(
+    isa: Isa,
+    out: &mut [f32],
+    inp: &[f32],
+    w: &PackedMatrix,
+    bias: &[f32],
+    t: usize,
+    acts: &mut QuantizedActs,
+) {
     let (k, n, panels) = (w.k(), w.n(), w.panels());
     assert!(out.len() >= t * n && inp.len() >= t * k && bias.len() >= n);
     if t == 0 {
         return;
     }
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    if let packed::Storage::W8A8(w8) = &w.data {
+        acts.fill(isa, inp, t, k, w8.kp);
+    }
+    let call = simd::Call { out: out.as_mut_ptr(), inp, acts, w, bias, t };
+    let call = SendCall(call);
     let run = |p0: usize, p1: usize| {
-        let o = out_ptr;
+        let c = &call;
         // SAFETY: tasks get disjoint panel ranges, i.e. disjoint column ranges of `out`, which
         // holds t*n floats (asserted above) and outlives every task.
-        unsafe { simd::packed_cols(isa, o.0, inp, w, bias, t, p0, p1) }
+        unsafe { simd::packed_cols(isa, &c.0, p0, p1) }
     };
     // Panels per task. Decode: four (the tile's width). Prefill: few, large tasks (about four per
     // thread), since every task streams all the activations once per KC block.
@@ -146,6 +164,12 @@ pub fn matmul_packed(isa: Isa, out: &mut [f32], inp: &[f32], w: &PackedMatrix, b
         (0..panels.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(panels)));
     }
 }
+
+/// A [`simd::Call`] shared by rayon tasks; each writes a disjoint region of its `out`.
+struct SendCall<'a>(simd::Call<'a>);
+// SAFETY: the call's only non-Sync field is `out`, of which every task writes its own columns,
+// and all tasks end before `matmul_packed` returns (while `out` is still borrowed).
+unsafe impl Sync for SendCall<'_> {}
 
 /// The sum of `a` in the engine's fixed order (16 lanes, then a fixed pairwise sum).
 pub fn sum(isa: Isa, a: &[f32]) -> f32 {

@@ -15,6 +15,9 @@ use crate::aligned::Aligned;
 pub const NR: usize = 16;
 /// Columns sharing one int8 scale (per row): two panels.
 pub const Q8_BLOCK: usize = 32;
+/// Reduction rows sharing one W8A8 scale: per output column for the weights, per token for the
+/// activations (llama.cpp's Q8_0 block).
+pub const W8_BLOCK: usize = 32;
 
 /// How weights are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,8 +25,13 @@ pub enum WeightType {
     F32,
     F16,
     Bf16,
-    /// int8 with one f32 scale per row and block of [`Q8_BLOCK`] columns (symmetric, max-abs).
+    /// int8 weights with one f32 scale per row and block of [`Q8_BLOCK`] columns (symmetric,
+    /// max-abs), widened to f32 and multiplied with f32 activations (weight-only int8).
     Q8,
+    /// int8 weights with one f32 scale per output column and block of [`W8_BLOCK`] reduction rows,
+    /// multiplied with activations quantized to int8 per token and block: exact integer block
+    /// sums, combined in f32 in block order (integer dot products: VNNI, AVX2's `pmaddubsw`).
+    W8A8,
 }
 
 impl WeightType {
@@ -33,6 +41,7 @@ impl WeightType {
             WeightType::F16 => "f16",
             WeightType::Bf16 => "bf16",
             WeightType::Q8 => "q8",
+            WeightType::W8A8 => "w8a8",
         }
     }
 }
@@ -43,6 +52,22 @@ pub(crate) enum Storage {
     F16(Aligned<u16>),
     Bf16(Aligned<u16>),
     Q8 { q: Aligned<i8>, scales: Vec<f32> },
+    W8A8(W8),
+}
+
+/// W8A8 weights. The reduction is padded with zero rows to `kp`, a multiple of [`W8_BLOCK`];
+/// [`w8_index`] spells the layout, [`w8_block_index`] where a block's scales and sums are.
+pub(crate) struct W8 {
+    pub(crate) kp: usize,
+    /// The int8 values offset by 128 (`q ^ 0x80` as unsigned bytes): the operand order of
+    /// VNNI's unsigned × signed dot product, with no conversion in the loop ([`w8_value`]).
+    pub(crate) q: Aligned<u8>,
+    /// Per panel, block and lane: the column's scale over the block.
+    pub(crate) scales: Vec<f32>,
+    /// Rows of the block being streamed in by [`PackedMatrix::set_row`], until it is whole.
+    stage: Vec<f32>,
+    /// The next row `set_row` expects.
+    next_row: usize,
 }
 
 impl Storage {
@@ -52,6 +77,7 @@ impl Storage {
             Storage::F16(_) => WeightType::F16,
             Storage::Bf16(_) => WeightType::Bf16,
             Storage::Q8 { .. } => WeightType::Q8,
+            Storage::W8A8(_) => WeightType::W8A8,
         }
     }
 
@@ -61,6 +87,7 @@ impl Storage {
             Storage::F32(v) => v.len() * 4,
             Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
             Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
+            Storage::W8A8(w) => w.q.len() + w.scales.len() * 4,
         }
     }
 }
@@ -76,6 +103,61 @@ pub(crate) fn panel_index(k: usize, p: usize, i: usize) -> usize {
 #[inline(always)]
 pub(crate) fn scale_index(k: usize, c: usize, i: usize) -> usize {
     (c / Q8_BLOCK) * k + i
+}
+
+/// Where W8A8 element (row `i`, lane `j`) of panel `p` lives, in a matrix padded to `kp` rows:
+/// panel-major, then groups of four rows, then the lane, then the row within its group, so that
+/// one group of a panel is 64 bytes holding each column's four consecutive weights together (what
+/// one 32-bit lane of an integer dot-product instruction takes).
+#[inline(always)]
+pub(crate) fn w8_index(kp: usize, p: usize, i: usize, j: usize) -> usize {
+    (p * kp + (i & !3)) * NR + 4 * j + (i & 3)
+}
+
+/// A stored W8A8 weight's int8 value.
+#[inline(always)]
+pub(crate) fn w8_value(u: u8) -> i8 {
+    (u ^ 0x80) as i8
+}
+
+/// Where the [`NR`] scales of panel `p`'s block `b` start.
+#[inline(always)]
+pub(crate) fn w8_block_index(kp: usize, p: usize, b: usize) -> usize {
+    (p * (kp / W8_BLOCK) + b) * NR
+}
+
+/// `x / s` rounded half to even and clamped to ±127 (0 when `s` is 0): the one int8 quantizer,
+/// for W8A8 weights and activations alike.
+#[inline(always)]
+pub(crate) fn quantize(x: f32, s: f32) -> i8 {
+    if s == 0.0 {
+        0
+    } else {
+        quantize_nonzero(x, s)
+    }
+}
+
+/// [`quantize`] for a nonzero `s`, in integer steps that vectorize: `x / s + 1.5·2²³` rounds to
+/// an integer half to even (as [`round_even`]), which then sits in the low mantissa bits.
+#[inline(always)]
+pub(crate) fn quantize_nonzero(x: f32, s: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    let y = x / s + MAGIC;
+    // |x / s| < 2^22 keeps y in [2^23, 2^24), where one ulp is 1; beyond that the clamp holds.
+    let v = if y.is_finite() && (MAGIC * 0.5..MAGIC * 2.0).contains(&y) {
+        y.to_bits() as i32 - MAGIC.to_bits() as i32
+    } else if x / s > 0.0 {
+        127
+    } else {
+        -127
+    };
+    v.clamp(-127, 127) as i8
+}
+
+/// The symmetric scale of values whose largest magnitude is `amax`.
+#[inline(always)]
+pub(crate) fn scale_of(amax: f32) -> f32 {
+    amax / 127.0
 }
 
 /// A storage format: its element type and how one element widens to f32 (the value the kernels
@@ -249,6 +331,17 @@ impl PackedMatrix {
             WeightType::F16 => Storage::F16(Aligned::zeroed(len)),
             WeightType::Bf16 => Storage::Bf16(Aligned::zeroed(len)),
             WeightType::Q8 => Storage::Q8 { q: Aligned::zeroed(len), scales: vec![1.0; n.div_ceil(Q8_BLOCK) * k] },
+            WeightType::W8A8 => {
+                let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
+                let blocks = panels * (kp / W8_BLOCK) * NR;
+                Storage::W8A8(W8 {
+                    kp,
+                    q: Aligned::zeroed(panels * kp * NR),
+                    scales: vec![0.0; blocks],
+                    stage: Vec::new(),
+                    next_row: 0,
+                })
+            }
         };
         PackedMatrix { k, n, panels, data }
     }
@@ -263,6 +356,22 @@ impl PackedMatrix {
             self.k,
             self.n
         );
+        if let Storage::W8A8(w8) = &mut self.data {
+            // A W8A8 scale spans 32 rows: stage them until the block is whole.
+            assert!(i == w8.next_row, "set_row: W8A8 rows arrive in order (row {i} after {})", w8.next_row);
+            w8.next_row += 1;
+            w8.stage.extend_from_slice(row);
+            let b = i / W8_BLOCK;
+            let rows = W8_BLOCK.min(self.k - b * W8_BLOCK);
+            if w8.stage.len() == rows * self.n {
+                let stage = std::mem::take(&mut w8.stage);
+                let n = self.n;
+                for c in 0..n {
+                    self.store_w8(c, b, rows, |ii| stage[ii * n + c]);
+                }
+            }
+            return;
+        }
         for c0 in (0..self.n).step_by(Q8_BLOCK) {
             self.store(i, c0, Q8_BLOCK.min(self.n - c0), |j| row[c0 + j]);
         }
@@ -283,9 +392,31 @@ impl PackedMatrix {
             cols.len(),
             self.n
         );
+        if let Storage::W8A8(_) = self.data {
+            for j in 0..m {
+                for b in 0..k.div_ceil(W8_BLOCK) {
+                    let rows = W8_BLOCK.min(k - b * W8_BLOCK);
+                    self.store_w8(c0 + j, b, rows, |ii| cols[j * k + b * W8_BLOCK + ii]);
+                }
+            }
+            return;
+        }
         for i in 0..k {
             self.store(i, c0, m, |j| cols[j * k + i]);
         }
+    }
+
+    /// Quantizes column `c` over block `b` (its first `rows` rows are `w(0..rows)`, the padding
+    /// stays 0): the block's max-abs scale and the int8 values.
+    fn store_w8(&mut self, c: usize, b: usize, rows: usize, w: impl Fn(usize) -> f32) {
+        let Storage::W8A8(w8) = &mut self.data else { unreachable!("store_w8 on a W8A8 matrix only") };
+        let (p, j) = (c / NR, c % NR);
+        let amax = (0..rows).map(|ii| w(ii).abs()).fold(0.0f32, f32::max);
+        let s = scale_of(amax);
+        for ii in 0..rows {
+            w8.q[w8_index(w8.kp, p, b * W8_BLOCK + ii, j)] = quantize(w(ii), s) as u8 ^ 0x80;
+        }
+        w8.scales[w8_block_index(w8.kp, p, b) + j] = s;
     }
 
     /// Stores elements `(i, c0 + j)` = `w(j)` for `j < m` (one [`Q8_BLOCK`], or the matrix's
@@ -300,6 +431,7 @@ impl PackedMatrix {
             Storage::F32(d) => (0..m).for_each(|j| d[at(j)] = w(j)),
             Storage::F16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_f16_bits(w(j))),
             Storage::Bf16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_bf16_bits(w(j))),
+            Storage::W8A8(_) => unreachable!("set_row and set_cols store W8A8 by blocks of rows"),
             Storage::Q8 { q, scales } => {
                 let amax = (0..m).map(|j| w(j).abs()).fold(0.0f32, f32::max);
                 let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
@@ -323,6 +455,10 @@ impl PackedMatrix {
             Storage::F16(d) => Panels::<F16s>::new(d, &[], k).row(p, i),
             Storage::Bf16(d) => Panels::<Bf16s>::new(d, &[], k).row(p, i),
             Storage::Q8 { q, scales } => Panels::<Q8s>::new(q, scales, k).row(p, i),
+            Storage::W8A8(w8) => {
+                let s = &w8.scales[w8_block_index(w8.kp, p, i / W8_BLOCK)..];
+                std::array::from_fn(|j| w8_value(w8.q[w8_index(w8.kp, p, i, j)]) as f32 * s[j])
+            }
         }
     }
 

@@ -2,6 +2,7 @@
 //! dispatch on [`Isa`]. A body is plain Rust over slices; the wrappers only change what the
 //! compiler may emit for it (FMA, 256-bit vectors), never the order of the arithmetic.
 
+use crate::int8::{self, quantize_row_body, IntLanes, QuantizedActs};
 use crate::math::{exp_approx, gelu_new_scalar};
 use crate::packed::{Bf16s, F16s, F32s, Format, PackedMatrix, Panels, Q8s, Storage, NR};
 use crate::{Isa, Kind};
@@ -30,7 +31,7 @@ macro_rules! dispatch {
 macro_rules! isa_copies {
     ($( $(#[$m:meta])* fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)? ; )*) => {
         isa_copies!(@module avx2, "avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
-        isa_copies!(@module avx512, "avx512f,avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
+        isa_copies!(@module avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
     };
     (@module $module:ident, $features:literal, $( fn $name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)? ; )*) => {
         #[cfg(target_arch = "x86_64")]
@@ -52,6 +53,7 @@ isa_copies! {
     fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
     fn gelu_body(x: &mut [f32]);
     fn softmax_body(x: &mut [f32]);
+    fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -75,30 +77,33 @@ pub(crate) unsafe fn matmul_cols(
     dispatch!(isa, matmul_cols_body(out, inp, w, bias, t, k, n, c0, c1))
 }
 
+/// One packed matmul call, as the tasks share it: `out[T, N] = inp[T, K] @ w + bias`, with the
+/// activations also quantized in `acts` when `w` is W8A8.
+#[derive(Clone, Copy)]
+pub(crate) struct Call<'a> {
+    /// `T * N` writable floats.
+    pub(crate) out: *mut f32,
+    pub(crate) inp: &'a [f32],
+    pub(crate) acts: &'a QuantizedActs,
+    pub(crate) w: &'a PackedMatrix,
+    pub(crate) bias: &'a [f32],
+    pub(crate) t: usize,
+}
+
 /// # Safety
-/// `out` must point to `t * w.n()` writable floats, and no other thread may touch the columns of
-/// panels `p0..p1`.
-#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
-pub(crate) unsafe fn packed_cols(
-    isa: Isa,
-    out: *mut f32,
-    inp: &[f32],
-    w: &PackedMatrix,
-    bias: &[f32],
-    t: usize,
-    p0: usize,
-    p1: usize,
-) {
+/// `c.out` must point to `c.t * c.w.n()` writable floats, and no other thread may touch the
+/// columns of panels `p0..p1`.
+pub(crate) unsafe fn packed_cols(isa: Isa, c: &Call, p0: usize, p1: usize) {
     match isa.0 {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the CPU reported
         // AVX2, FMA and F16C.
-        Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(out, inp, w, bias, t, p0, p1) },
+        Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(c, p0, p1) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F besides
-        // AVX2, FMA and F16C.
-        Kind::Avx512 => unsafe { x86::packed_cols_avx512(out, inp, w, bias, t, p0, p1) },
-        Kind::Scalar => packed_cols_body::<Portable>(out, inp, w, bias, t, p0, p1),
+        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512 F, BW, VL
+        // and VNNI besides AVX2, FMA and F16C.
+        Kind::Avx512 => unsafe { x86::packed_cols_avx512(c, p0, p1) },
+        Kind::Scalar => packed_cols_body::<Portable>(c, p0, p1),
     }
 }
 
@@ -116,6 +121,10 @@ pub(crate) fn gelu(isa: Isa, x: &mut [f32]) {
 
 pub(crate) fn softmax(isa: Isa, x: &mut [f32]) {
     dispatch!(isa, softmax_body(x))
+}
+
+pub(crate) fn quantize_row(isa: Isa, q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) {
+    dispatch!(isa, quantize_row_body(q, s, corr, x))
 }
 
 pub(crate) fn scores(isa: Isa, scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
@@ -373,11 +382,14 @@ pub(crate) trait Lanes: Copy {
     const PREFETCH: bool;
     /// Up to how many rows the few-rows path runs (see [`TileKernel::FEW_ROWS`]).
     const FEW_ROWS: usize;
+    /// The same ISA's integer dot products (W8A8).
+    type Int: IntLanes<F = Self>;
     unsafe fn zero() -> Self;
     unsafe fn splat(a: f32) -> Self;
     /// `a * b + acc`, fused, lane by lane.
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn store(self, p: *mut f32);
     // Panel rows of each storage type at element `base` (callers keep `base + 16` in bounds).
@@ -490,6 +502,12 @@ pub(crate) trait TileKernel {
     #[inline(always)]
     unsafe fn few<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
         few_pairs::<Self, S>(j, p0, p1)
+    }
+
+    /// A W8A8 matmul's panels `p0..p1`: plain Rust by default.
+    #[inline(always)]
+    unsafe fn int8(j: &int8::Job, p0: usize, p1: usize) {
+        int8::cols_portable(j, p0, p1)
     }
 }
 
@@ -645,7 +663,12 @@ impl<L: Lanes> TileKernel for Simd<L> {
             }
             // SAFETY (caller): i < k and row r0+r holds k elements from a_ptr[r].
             if L::BROADCAST_FIRST {
-                let a: [L; R] = std::array::from_fn(|r| L::splat(*a_ptr[r].add(i)));
+                // Loops, not `array::from_fn`: its closure is not compiled with the caller's
+                // target features, so the intrinsics in it would become calls.
+                let mut a = [L::zero(); R];
+                for (ar, p) in a.iter_mut().zip(&a_ptr) {
+                    *ar = L::splat(*p.add(i));
+                }
                 for (q, accq) in acc.iter_mut().enumerate() {
                     let b = src.lanes::<L>(p + q, i);
                     for (c, &ar) in accq.iter_mut().zip(&a) {
@@ -653,7 +676,10 @@ impl<L: Lanes> TileKernel for Simd<L> {
                     }
                 }
             } else {
-                let b: [L; G] = std::array::from_fn(|q| src.lanes::<L>(p + q, i));
+                let mut b = [L::zero(); G];
+                for (q, bq) in b.iter_mut().enumerate() {
+                    *bq = src.lanes::<L>(p + q, i);
+                }
                 for r in 0..R {
                     let a = L::splat(*a_ptr[r].add(i));
                     for (accq, &bq) in acc.iter_mut().zip(&b) {
@@ -672,6 +698,11 @@ impl<L: Lanes> TileKernel for Simd<L> {
     }
 
     #[inline(always)]
+    unsafe fn int8(j: &int8::Job, p0: usize, p1: usize) {
+        int8::cols::<L::Int>(j, p0, p1)
+    }
+
+    #[inline(always)]
     unsafe fn few<S: Source>(j: &Job<S>, p0: usize, p1: usize) {
         if L::FEW_MR == 8 {
             few_eights::<Self, S>(j, p0, p1)
@@ -682,15 +713,8 @@ impl<L: Lanes> TileKernel for Simd<L> {
 }
 
 #[inline(always)]
-unsafe fn packed_cols_body<T: TileKernel>(
-    out: *mut f32,
-    inp: &[f32],
-    w: &PackedMatrix,
-    bias: &[f32],
-    t: usize,
-    p0: usize,
-    p1: usize,
-) {
+unsafe fn packed_cols_body<T: TileKernel>(c: &Call, p0: usize, p1: usize) {
+    let Call { out, inp, acts, w, bias, t } = *c;
     let (k, n) = (w.k(), w.n());
     match &w.data {
         Storage::F32(d) => {
@@ -705,6 +729,7 @@ unsafe fn packed_cols_body<T: TileKernel>(
         Storage::Q8 { q, scales } => {
             packed_generic::<_, T>(&Job { src: &Panels::<Q8s>::new(q, scales, k), out, inp, bias, t, k, n }, p0, p1)
         }
+        Storage::W8A8(w) => T::int8(&int8::Job { w, a: acts, out, bias, t, n }, p0, p1),
     }
 }
 
@@ -791,7 +816,8 @@ unsafe fn packed_tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{packed_cols_body, scores_body, weighted_sum_body, Lanes, PackedMatrix, Simd, NR};
+    use super::{packed_cols_body, scores_body, weighted_sum_body, Call, Lanes, Simd, NR};
+    use crate::int8::x86::{Yi, Zi};
     use std::arch::x86_64::*;
 
     type V = __m256;
@@ -799,16 +825,8 @@ pub(crate) mod x86 {
     /// # Safety
     /// The CPU must have AVX2, FMA and F16C; as for [`super::packed_cols`].
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn packed_cols_avx2(
-        out: *mut f32,
-        inp: &[f32],
-        w: &PackedMatrix,
-        bias: &[f32],
-        t: usize,
-        p0: usize,
-        p1: usize,
-    ) {
-        packed_cols_body::<Simd<Y>>(out, inp, w, bias, t, p0, p1)
+    pub(crate) unsafe fn packed_cols_avx2(c: &Call, p0: usize, p1: usize) {
+        packed_cols_body::<Simd<Y>>(c, p0, p1)
     }
 
     /// A hint to bring `d[at]` into cache; any `at` is allowed.
@@ -821,17 +839,9 @@ pub(crate) mod x86 {
 
     /// # Safety
     /// The CPU must have AVX-512F, AVX2, FMA and F16C; as for [`super::packed_cols`].
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub(crate) unsafe fn packed_cols_avx512(
-        out: *mut f32,
-        inp: &[f32],
-        w: &PackedMatrix,
-        bias: &[f32],
-        t: usize,
-        p0: usize,
-        p1: usize,
-    ) {
-        packed_cols_body::<Simd<Z>>(out, inp, w, bias, t, p0, p1)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) unsafe fn packed_cols_avx512(c: &Call, p0: usize, p1: usize) {
+        packed_cols_body::<Simd<Z>>(c, p0, p1)
     }
 
     /// A row of 16 lanes as the two AVX2 halves (lanes 0–7, 8–15) the reductions take.
@@ -862,7 +872,7 @@ pub(crate) mod x86 {
 
     /// # Safety
     /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(crate) unsafe fn scores_avx512(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
         scores_lanes::<Z>(scores, q, kh, hs, scale)
     }
@@ -876,7 +886,7 @@ pub(crate) mod x86 {
 
     /// # Safety
     /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub(crate) unsafe fn weighted_sum_avx512(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
         weighted_sum_lanes::<Z>(out, probs, vh, hs)
     }
@@ -946,8 +956,11 @@ pub(crate) mod x86 {
     /// `[r0, r1, r2, r3]`.
     #[inline(always)]
     unsafe fn reduce16x4(acc: &[[V; 2]; 4]) -> __m128 {
-        let a: [V; 4] = std::array::from_fn(|x| _mm256_add_ps(acc[x][0], acc[x][1])); // a[l] = acc[l] + acc[l+8]
-                                                                                      // b[l] = a[l] + a[l+4], l < 4: low 128 bits plus high, two keys per vector.
+        let mut a = [_mm256_setzero_ps(); 4]; // a[l] = acc[l] + acc[l+8] (a loop: see `wide`)
+        for (ax, accx) in a.iter_mut().zip(acc) {
+            *ax = _mm256_add_ps(accx[0], accx[1]);
+        }
+        // b[l] = a[l] + a[l+4], l < 4: low 128 bits plus high, two keys per vector.
         let half = |x: V, y: V| _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
         let (b01, b23) = (half(a[0], a[1]), half(a[2], a[3])); // [b0 | b1], [b2 | b3]
                                                                // c[l] = b[l] + b[l+2], l < 2: low lanes [c0 c0 c2 c2], high lanes [c1 c1 c3 c3].
@@ -972,13 +985,14 @@ pub(crate) mod x86 {
 
     /// One panel row in two AVX2 registers (lanes 0–7, 8–15).
     #[derive(Clone, Copy)]
-    pub(crate) struct Y(V, V);
+    pub(crate) struct Y(pub(crate) V, pub(crate) V);
 
     impl Lanes for Y {
         const FEW_MR: usize = 2; // 2 rows × 3 panels × 2 registers = 12 accumulators of 16
         const BROADCAST_FIRST: bool = true;
         const PREFETCH: bool = false; // measured no faster on AVX2
         const FEW_ROWS: usize = 16;
+        type Int = Yi;
         #[inline(always)]
         unsafe fn zero() -> Y {
             Y(_mm256_setzero_ps(), _mm256_setzero_ps())
@@ -995,6 +1009,10 @@ pub(crate) mod x86 {
         #[inline(always)]
         unsafe fn add(a: Y, b: Y) -> Y {
             Y(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Y, b: Y) -> Y {
+            Y(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1))
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Y {
@@ -1039,7 +1057,7 @@ pub(crate) mod x86 {
 
     /// One panel row in one AVX-512 register.
     #[derive(Clone, Copy)]
-    pub(crate) struct Z(__m512);
+    pub(crate) struct Z(pub(crate) __m512);
 
     impl Lanes for Z {
         // 8 rows × 3 panels = 24 accumulators, three weight vectors and a broadcast within the
@@ -1050,6 +1068,7 @@ pub(crate) mod x86 {
         // Every T: eight rows against three panels over the whole reduction beat the 6-row
         // KC-blocked tile at prefill too (pp128 1520–1620 → 2120–2170 tok/s, pp512 likewise).
         const FEW_ROWS: usize = usize::MAX;
+        type Int = Zi;
         #[inline(always)]
         unsafe fn zero() -> Z {
             Z(_mm512_setzero_ps())
@@ -1065,6 +1084,10 @@ pub(crate) mod x86 {
         #[inline(always)]
         unsafe fn add(a: Z, b: Z) -> Z {
             Z(_mm512_add_ps(a.0, b.0))
+        }
+        #[inline(always)]
+        unsafe fn mul(a: Z, b: Z) -> Z {
+            Z(_mm512_mul_ps(a.0, b.0))
         }
         #[inline(always)]
         unsafe fn load(p: *const f32) -> Z {

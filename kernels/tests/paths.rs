@@ -261,7 +261,7 @@ fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix(
             matmul(Isa::scalar(), &mut want, &inp, &widened, &bias, t, k, n);
             for isa in Isa::available() {
                 let mut out = vec![f32::NAN; t * n];
-                matmul_packed(isa, &mut out, &inp, &packed, &bias, t);
+                matmul_packed(isa, &mut out, &inp, &packed, &bias, t, &mut QuantizedActs::default());
                 assert_eq!(bits(&out), bits(&want), "{ty:?} {} t={t} k={k} n={n}", isa.name());
             }
             // The widened weights are the stored ones: exact for f32, rounding-sized otherwise.
@@ -270,6 +270,7 @@ fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix(
                 WeightType::F16 => 1.0 / 2048.0,
                 WeightType::Bf16 => 1.0 / 256.0,
                 WeightType::Q8 => 1.0 / 254.0,
+                WeightType::W8A8 => unreachable!("W8A8 has its own tests"),
             };
             for i in 0..k {
                 let amax = w[i * n..(i + 1) * n].iter().fold(0.0f32, |m, x| m.max(x.abs()));
@@ -291,16 +292,24 @@ fn packed_matmul_rows_and_threads_do_not_change_bits() {
     let (t, k, n) = (19, 768, 768);
     let mut g = Gen(77);
     let (inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));
-    for ty in [WeightType::F32, WeightType::Q8] {
+    for ty in [WeightType::F32, WeightType::Q8, WeightType::W8A8] {
         let packed = PackedMatrix::pack(&w, k, n, ty);
         let mut all = vec![0.0; t * n];
         rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap().install(|| {
-            matmul_packed(Isa::detect(), &mut all, &inp, &packed, &bias, t);
+            matmul_packed(Isa::detect(), &mut all, &inp, &packed, &bias, t, &mut QuantizedActs::default());
         });
         for r in 0..t {
             let mut one = vec![0.0; n];
             rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap().install(|| {
-                matmul_packed(Isa::detect(), &mut one, &inp[r * k..(r + 1) * k], &packed, &bias, 1);
+                matmul_packed(
+                    Isa::detect(),
+                    &mut one,
+                    &inp[r * k..(r + 1) * k],
+                    &packed,
+                    &bias,
+                    1,
+                    &mut QuantizedActs::default(),
+                );
             });
             assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "{ty:?} row {r}");
         }
@@ -323,7 +332,7 @@ fn vocabulary_projection_and_embedding_columns_every_type_and_path() {
             matmul(Isa::scalar(), &mut want, &inp, &widened, &zero, t, k, n);
             for isa in Isa::available() {
                 let mut out = vec![f32::NAN; t * n];
-                matmul_packed(isa, &mut out, &inp, &packed, &zero, t);
+                matmul_packed(isa, &mut out, &inp, &packed, &zero, t, &mut QuantizedActs::default());
                 assert_eq!(bits(&out), bits(&want), "{ty:?} {} t={t} k={k} n={n}", isa.name());
             }
             for c in [0, n / 2, n - 1] {
@@ -360,4 +369,121 @@ fn every_instruction_set_the_cpu_reports_is_listed_and_so_tested() {
     }
     assert!(Isa::by_name("sse9").is_none());
     eprintln!("instruction sets tested on this CPU: {}", names.join(", "));
+}
+
+/// W8A8 as its definition reads, written independently of the kernels: weights quantized per
+/// column and block of 32 rows, activations per row and block, exact integer block sums, then
+/// `acc = fma(sa * sw, sum, acc)` in block order and the bias.
+fn w8a8_reference(inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
+    let blocks = k.div_ceil(32);
+    let quant = |v: &[f32]| -> (f32, Vec<i64>) {
+        let s = v.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
+        let q = v
+            .iter()
+            .map(|&x| if s == 0.0 { 0 } else { (x / s).round_ties_even().clamp(-127.0, 127.0) as i64 })
+            .collect();
+        (s, q)
+    };
+    let mut out = vec![0.0f32; t * n];
+    for c in 0..n {
+        let wq: Vec<(f32, Vec<i64>)> = (0..blocks)
+            .map(|b| quant(&(b * 32..((b + 1) * 32).min(k)).map(|i| w[i * n + c]).collect::<Vec<_>>()))
+            .collect();
+        for r in 0..t {
+            let mut acc = 0.0f32;
+            for (b, (sw, qw)) in wq.iter().enumerate() {
+                let (sa, qa) = quant(&inp[r * k + b * 32..r * k + ((b + 1) * 32).min(k)]);
+                let sum: i64 = qa.iter().zip(qw).map(|(a, b)| a * b).sum();
+                acc = (sa * sw).mul_add(sum as f32, acc);
+            }
+            out[r * n + c] = acc + bias[c];
+        }
+    }
+    out
+}
+
+#[test]
+fn w8a8_every_path_equals_its_definition_and_stays_close_to_f32() {
+    let shapes: Vec<(usize, usize, usize)> = [1usize, 2, 3, 4, 5, 8, 13, 17, 37]
+        .iter()
+        .flat_map(|&t| {
+            [(1usize, 1usize), (7, 17), (31, 63), (33, 48), (64, 257), (300, 16), (96, 40)].map(move |(k, n)| (t, k, n))
+        })
+        .chain([
+            (1, 768, 2304),
+            (7, 768, 3072),
+            (1, 3072, 768),
+            (8, 768, 3072),
+            (13, 3072, 768),
+            (2, 0, 40),
+            (0, 7, 17),
+        ])
+        .collect();
+    for &(t, k, n) in &shapes {
+        let mut g = Gen((t * 1000 + k * 7 + n) as u64 ^ 0x88);
+        let (mut inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));
+        if t * k > 40 {
+            inp[..32.min(k)].fill(0.0); // an all-zero block (scale 0)
+            inp[t * k / 2] = 5.0; // an outlier
+        }
+        let want = w8a8_reference(&inp, &w, &bias, t, k, n);
+        let packed = PackedMatrix::pack(&w, k, n, WeightType::W8A8);
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; t * n];
+            let mut acts = QuantizedActs::default();
+            matmul_packed(isa, &mut out, &inp, &packed, &bias, t, &mut acts);
+            assert_eq!(bits(&out), bits(&want), "W8A8 {} t={t} k={k} n={n}", isa.name());
+        }
+        // Close to the exact product: each factor within half a step of its block's max-abs/127.
+        let exact = matmul_ref(&inp, &w, &bias, t, k, n);
+        for (i, (g, e)) in want.iter().zip(&exact).enumerate() {
+            let (r, c) = (i / n.max(1), i % n.max(1));
+            let amax = |v: &mut dyn Iterator<Item = f32>| v.fold(0.0f32, |m, x| m.max(x.abs())) as f64;
+            let bound: f64 = (0..k.div_ceil(32))
+                .map(|b| {
+                    let rows = b * 32..((b + 1) * 32).min(k);
+                    let xa = amax(&mut rows.clone().map(|i| inp[r * k + i]));
+                    let wa = amax(&mut rows.clone().map(|i| w[i * n + c]));
+                    rows.len() as f64 * (xa * wa / 127.0 + xa * wa / 127.0 + xa * wa / (254.0 * 254.0))
+                })
+                .sum();
+            assert!(
+                (*g as f64 - e).abs() <= bound + 1e-5 * (1.0 + e.abs()),
+                "W8A8 t={t} k={k} n={n} [{i}]: {g} vs {e}"
+            );
+        }
+        // The stored weights, widened, are the quantized ones; streaming by columns (as the
+        // loader does for wteᵀ) stores the same.
+        let widened = packed.unpack();
+        let mut streamed = PackedMatrix::zeros(k, n, WeightType::W8A8);
+        for c0 in (0..n).step_by(Q8_BLOCK) {
+            let cols: Vec<f32> = (c0..(c0 + Q8_BLOCK).min(n))
+                .flat_map(|c| (0..k).map(move |i| (i, c)))
+                .map(|(i, c)| w[i * n + c])
+                .collect();
+            streamed.set_cols(c0, &cols);
+        }
+        assert_eq!(bits(&streamed.unpack()), bits(&widened), "W8A8 streamed k={k} n={n}");
+        for c in (0..n).step_by(7) {
+            let col: Vec<f32> = (0..k).map(|i| widened[i * n + c]).collect();
+            assert_eq!(bits(&packed.column(c)), bits(&col), "W8A8 column {c}");
+        }
+    }
+}
+
+#[test]
+fn w8a8_vocabulary_projection_every_path() {
+    let (t, k, n) = (3usize, 768usize, 50257usize);
+    let mut g = Gen(5);
+    let (inp, w) = (g.vec(t * k), g.vec(k * n));
+    let zero = vec![0.0; n];
+    let want = w8a8_reference(&inp, &w, &zero, t, k, n);
+    let packed = PackedMatrix::pack(&w, k, n, WeightType::W8A8);
+    for isa in Isa::available() {
+        for rows in [1, t] {
+            let mut out = vec![f32::NAN; rows * n];
+            matmul_packed(isa, &mut out, &inp, &packed, &zero, rows, &mut QuantizedActs::default());
+            assert_eq!(bits(&out), bits(&want[..rows * n]), "W8A8 vocabulary {} rows={rows}", isa.name());
+        }
+    }
 }

@@ -106,8 +106,10 @@ pub struct ModelArgs {
     /// Worker threads for the kernels (default: one per core).
     #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Option<u16>,
-    /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic), or q8
-    /// (int8 with an f32 scale per row and 32 columns, quantized at load).
+    /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic); q8
+    /// (int8 weights with an f32 scale per row and 32 columns, f32 activations and arithmetic);
+    /// or w8a8 (int8 weights with a scale per column and 32 rows, times activations quantized to
+    /// int8 per token and 32 values: integer dot products). Both int8 types quantize at load.
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     pub dtype: Dtype,
     /// The instruction set the kernels use (default: the best this CPU has). Any of them gives
@@ -122,6 +124,7 @@ pub enum Dtype {
     F16,
     Bf16,
     Q8,
+    W8a8,
 }
 
 impl Dtype {
@@ -131,6 +134,7 @@ impl Dtype {
             Dtype::F16 => kvgpt::WeightType::F16,
             Dtype::Bf16 => kvgpt::WeightType::Bf16,
             Dtype::Q8 => kvgpt::WeightType::Q8,
+            Dtype::W8a8 => kvgpt::WeightType::W8A8,
         }
     }
 }
