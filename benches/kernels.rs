@@ -71,7 +71,7 @@ fn attention_decode(c: &mut Criterion) {
     let q = data(3 * nh * hs, 6);
     let (kc, vc) = (data(nh * t_max * hs, 7), data(nh * t_max * hs, 8));
     let mut out = vec![0.0; nh * hs];
-    let mut scratch = vec![0.0; nh * t_max];
+    let mut scratch = vec![0.0; 2 * nh * t_max];
     let dims = AttnDims { t: 1, p, nh, hs, t_max, scale: 0.125 };
     c.bench_function("attention_decode_512_positions", |b| {
         b.iter(|| attention(isa, black_box(&mut out), None, &q, 3 * nh * hs, &kc, &vc, &mut scratch, dims))

@@ -87,7 +87,7 @@ pub struct Scratch {
     att: Vec<f32>,          // [T, C] attention output (heads side by side)
     proj: Vec<f32>,         // [T, C] c_proj outputs
     fc: Vec<f32>,           // [T, F]
-    scores: Vec<f32>,       // [NH, n_positions] one score row per head
+    scores: Vec<f32>,       // [NH, 2, n_positions] two score rows per head
     probs: Vec<f32>,        // [NH, T, P+T] only when a tap asks for attention weights
     logits: Vec<f32>,       // [R, V] of a batch whose logits go to several sequences
     acts: k::QuantizedActs, // [T, K] int8 activations of the matmul at hand (W8A8 only)
@@ -105,7 +105,7 @@ impl Scratch {
             att: vec![],
             proj: vec![],
             fc: vec![],
-            scores: vec![0.0; cfg.n_head * cfg.n_positions],
+            scores: vec![0.0; 2 * cfg.n_head * cfg.n_positions],
             probs: vec![],
             logits: vec![],
             acts: k::QuantizedActs::default(),

@@ -16,7 +16,7 @@
 //! `T` rows of `KP` (the reduction padded to whole blocks with zeros), `N` columns in panels of
 //! [`NR`] as [`crate::packed::w8_index`] lays them out.
 
-use crate::packed::{quantize, quantize_nonzero, scale_of, w8_block_index, w8_index, w8_value, NR, W8, W8_BLOCK};
+use crate::packed::{quantize, quantize_by, scale_of, w8_block_index, w8_index, w8_value, NR, W8, W8_BLOCK};
 use crate::simd::Lanes;
 
 /// Room for a matmul's activations quantized to int8 (W8A8 weights only): kept by the caller
@@ -52,7 +52,7 @@ impl QuantizedActs {
 
 /// One activation row `x` quantized per block of 32 (max-abs, symmetric) into `q` (padded with
 /// zeros), its scales `s` and corrections `corr` (`128 Σ q` per block). Plain IEEE operations
-/// (max, division, round-half-even), so the same values whichever ISA compiles it.
+/// (max, reciprocal, product, round-half-even), so the same values whichever ISA compiles it.
 #[inline(always)]
 pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) {
     for (b, ((qb, sb), cb)) in q.chunks_mut(W8_BLOCK).zip(s.iter_mut()).zip(corr.iter_mut()).enumerate() {
@@ -72,8 +72,9 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x
             let sc = scale_of(m.iter().fold(0.0f32, |a, &v| if v > a { v } else { a }));
             let mut qs = [0i8; W8_BLOCK];
             if sc != 0.0 {
+                let inv = 1.0 / sc;
                 for (qv, &v) in qs.iter_mut().zip(blk) {
-                    *qv = quantize_nonzero(v, sc);
+                    *qv = quantize_by(v, inv);
                 }
             }
             qb.copy_from_slice(&qs);

@@ -247,7 +247,7 @@ pub struct AttnDims {
 /// - `out`: `[T, C]` with `C = NH*HS`, head `h` written to columns `h*HS..(h+1)*HS`.
 /// - `q`: `[T, q_stride]`, head `h` of query `i` at `q[i*q_stride + h*HS..]` (the fused c_attn output).
 /// - `k_cache`, `v_cache`: `[NH, t_max, HS]`, positions `0..P+T` filled.
-/// - `scratch`: at least `NH * (P + T)` floats.
+/// - `scratch`: at least `2 * NH * (P + T)` floats (two score rows per head).
 /// - `probs`: when given, `[NH, T, P+T]` receives the softmax weights (0 above the diagonal).
 ///
 /// Query at position `pos`: `s_j = dot(q, k_j) * scale` for `j <= pos`, `a = softmax(s)`,
@@ -273,42 +273,56 @@ pub fn attention(
     assert!(kv <= t_max, "attention: {kv} positions exceed the cache's {t_max}");
     assert!(out.len() >= t * c && q.len() >= (t - 1) * q_stride + c);
     assert!(k_cache.len() >= nh * t_max * hs && v_cache.len() >= nh * t_max * hs);
-    assert!(scratch.len() >= nh * kv);
+    assert!(scratch.len() >= 2 * nh * kv, "attention: scratch needs 2 × NH × (P + T) floats");
     if let Some(pr) = probs.as_deref() {
         assert!(pr.len() >= nh * t * kv);
     }
     let out_ptr = SendPtr(out.as_mut_ptr());
     let probs_ptr = SendPtr(probs.as_deref_mut().map_or(std::ptr::null_mut(), |p| p.as_mut_ptr()));
     let want_probs = probs.is_some();
-    let head = |h: usize, row: &mut [f32]| {
-        let (op, pp) = (out_ptr, probs_ptr);
-        for i in 0..t {
-            let pos = p + i;
-            let n = pos + 1;
-            let qrow = &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs];
-            let kh = &k_cache[h * t_max * hs..];
-            let vh = &v_cache[h * t_max * hs..];
-            let scores = &mut row[..n];
-            simd::scores(isa, scores, qrow, kh, hs, scale);
-            simd::softmax(isa, scores);
-            // SAFETY: head h writes only columns h*HS..(h+1)*HS of row i of `out` (t*c floats,
-            // asserted above); no other task touches them.
-            let orow = unsafe { std::slice::from_raw_parts_mut(op.0.add(i * c + h * hs), hs) };
-            simd::weighted_sum(isa, orow, scores, vh, hs);
-            if want_probs {
-                // SAFETY: head h writes only its own [T, kv] slab of `probs` (nh*t*kv floats,
-                // asserted above).
-                let prow = unsafe { std::slice::from_raw_parts_mut(pp.0.add((h * t + i) * kv), kv) };
-                prow[..n].copy_from_slice(scores);
-                prow[n..].fill(0.0);
+    let head = |h: usize, rows: &mut [f32]| {
+        let (out_ptr, probs_ptr) = (out_ptr, probs_ptr); // the Send wrappers, not their fields
+        let kh = &k_cache[h * t_max * hs..];
+        let vh = &v_cache[h * t_max * hs..];
+        let (row0, row1) = rows.split_at_mut(kv);
+        // Queries two at a time where there are two: their weighted sums share the value rows.
+        let mut i = 0;
+        while i < t {
+            let pair = i + 1 < t;
+            let n = p + i + 1; // keys of query i: positions 0..=p+i
+            let qrow = |i: usize| &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs];
+            let s0 = &mut row0[..n];
+            simd::scores(isa, s0, qrow(i), kh, hs, scale);
+            simd::softmax(isa, s0);
+            // SAFETY: head h writes only columns h*HS..(h+1)*HS of rows i and i+1 of `out` (t*c
+            // floats, asserted above); no other task touches them.
+            let orow = |i: usize| unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * c + h * hs), hs) };
+            if pair {
+                let s1 = &mut row1[..n + 1];
+                simd::scores(isa, s1, qrow(i + 1), kh, hs, scale);
+                simd::softmax(isa, s1);
+                simd::weighted_sum_pair(isa, orow(i), orow(i + 1), s0, s1, vh, hs);
+            } else {
+                simd::weighted_sum(isa, orow(i), s0, vh, hs);
             }
+            if want_probs {
+                for (r, s) in [(i, &*s0), (i + 1, &*row1)].into_iter().take(1 + usize::from(pair)) {
+                    let m = p + r + 1;
+                    // SAFETY: head h writes only its own [T, kv] slab of `probs` (nh*t*kv floats,
+                    // asserted above).
+                    let prow = unsafe { std::slice::from_raw_parts_mut(probs_ptr.0.add((h * t + r) * kv), kv) };
+                    prow[..m].copy_from_slice(&s[..m]);
+                    prow[m..].fill(0.0);
+                }
+            }
+            i += 1 + usize::from(pair);
         }
     };
-    let scratch = &mut scratch[..nh * kv];
+    let scratch = &mut scratch[..2 * nh * kv];
     if rayon::current_num_threads() > 1 && t * kv * hs * nh >= PAR_MIN_WORK / 4 {
-        scratch.par_chunks_mut(kv).enumerate().for_each(|(h, row)| head(h, row));
+        scratch.par_chunks_mut(2 * kv).enumerate().for_each(|(h, rows)| head(h, rows));
     } else {
-        scratch.chunks_mut(kv).enumerate().for_each(|(h, row)| head(h, row));
+        scratch.chunks_mut(2 * kv).enumerate().for_each(|(h, rows)| head(h, rows));
     }
 }
 

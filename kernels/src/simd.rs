@@ -10,71 +10,74 @@ use crate::{Isa, Kind};
 /// Lanes of the fixed-order reductions (two AVX2 registers).
 const LANES: usize = 16;
 
-/// Calls `$body(args)` in the compiled copy that `$isa` names.
-macro_rules! dispatch {
-    ($isa:expr, $name:ident ( $($arg:expr),* $(,)? )) => {
-        match $isa.0 {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the CPU
-            // reported AVX2, FMA and F16C.
-            Kind::Avx2Fma => unsafe { avx2::$name($($arg),*) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F too.
-            Kind::Avx512 => unsafe { avx512::$name($($arg),*) },
-            Kind::Scalar => $name($($arg),*),
-        }
+/// The one dispatch mechanism. Each entry `[unsafe] fn name(args) -> R = LANES_BODY, SCALAR_BODY;`
+/// makes the dispatcher `name(isa, args)` and, per x86 ISA, a module holding its lanes as `L`
+/// (two AVX2 registers, one AVX-512 register) and a `#[target_feature]` copy that calls
+/// `LANES_BODY`, a path that may name `L`. One feature set per ISA; the bodies' arithmetic is
+/// fixed, only the registers and instructions differ. For `unsafe` kernels the caller upholds the
+/// body's contract.
+macro_rules! kernels {
+    ($( [$($kw:tt)*] fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)? = $lanes:path, $scalar:path ; )*) => {
+        $(
+            #[allow(clippy::too_many_arguments, unused_unsafe)] // the bodies' own signatures
+            pub(crate) $($kw)* fn $name(isa: Isa, $($a: $t),*) $(-> $r)? {
+                match isa.0 {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the
+                    // CPU reported AVX2, FMA and F16C (the caller upholds the body's contract).
+                    Kind::Avx2Fma => unsafe { avx2::$name($($a),*) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512
+                    // F, BW, VL and VNNI besides AVX2, FMA and F16C (as above).
+                    Kind::Avx512 => unsafe { avx512::$name($($a),*) },
+                    // SAFETY: the plain body; the caller upholds its contract.
+                    Kind::Scalar => unsafe { $scalar($($a),*) },
+                }
+            }
+        )*
+        kernels!(@module avx2, x86::Y, "avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
+        kernels!(@module avx512, x86::Z, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+            $( fn $name ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
     };
-}
-
-/// Defines, for each listed body, a thin wrapper with the same signature per ISA: one module per
-/// ISA, one feature set per ISA (the bodies' arithmetic is fixed; only the registers differ).
-macro_rules! isa_copies {
-    ($( $(#[$m:meta])* fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)? ; )*) => {
-        isa_copies!(@module avx2, "avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
-        isa_copies!(@module avx512, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", $( fn $name ( $($a : $t),* ) $(-> $r)? ; )*);
-    };
-    (@module $module:ident, $features:literal, $( fn $name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)? ; )*) => {
+    (@module $module:ident, $lanes_ty:ty, $features:literal,
+        $( fn $name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)? = $lanes:path ; )*) => {
         #[cfg(target_arch = "x86_64")]
         mod $module {
             #[allow(unused_imports)]
             use super::*;
+            /// This ISA's lanes: what the generic bodies are compiled with here.
+            type L = $lanes_ty;
             $(
-                #[allow(clippy::too_many_arguments)] // the bodies' own signatures
+                #[allow(clippy::too_many_arguments, unused_unsafe)] // the bodies' own signatures
                 #[target_feature(enable = $features)]
-                pub(super) unsafe fn $name($($a: $t),*) $(-> $r)? { super::$name($($a),*) }
+                pub(super) unsafe fn $name($($a: $t),*) $(-> $r)? {
+                    // SAFETY: the caller (the dispatcher) upholds the body's contract.
+                    unsafe { $lanes($($a),*) }
+                }
             )*
         }
     };
 }
 
-isa_copies! {
-    fn matmul_cols_body(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize);
-    fn sum_body(a: &[f32]) -> f32;
-    fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32);
-    fn gelu_body(x: &mut [f32]);
-    fn softmax_body(x: &mut [f32]);
-    fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Dispatchers.
-
-/// # Safety
-/// `out` must point to `t * n` writable floats, and no other thread may touch columns `c0..c1`.
-#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
-pub(crate) unsafe fn matmul_cols(
-    isa: Isa,
-    out: *mut f32,
-    inp: &[f32],
-    w: &[f32],
-    bias: &[f32],
-    t: usize,
-    k: usize,
-    n: usize,
-    c0: usize,
-    c1: usize,
-) {
-    dispatch!(isa, matmul_cols_body(out, inp, w, bias, t, k, n, c0, c1))
+kernels! {
+    // # Safety: `out` must point to `t * n` writable floats, and no other thread may touch
+    // columns `c0..c1`.
+    [unsafe] fn matmul_cols(out: *mut f32, inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize, c0: usize, c1: usize)
+        = matmul_cols_body, matmul_cols_body;
+    // # Safety: `c.out` must point to `c.t * c.w.n()` writable floats, and no other thread may
+    // touch the columns of panels `p0..p1`.
+    [unsafe] fn packed_cols(c: &Call, p0: usize, p1: usize) = packed_cols_body::<Simd<L>>, packed_cols_body::<Portable>;
+    [] fn sum(a: &[f32]) -> f32 = sum_body, sum_body;
+    [] fn layernorm_row(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32)
+        = layernorm_row_body, layernorm_row_body;
+    [] fn gelu(x: &mut [f32]) = gelu_body, gelu_body;
+    [] fn softmax(x: &mut [f32]) = softmax_body, softmax_body;
+    [] fn quantize_row(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) = quantize_row_body, quantize_row_body;
+    [] fn scores(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) = x86::scores_lanes::<L>, scores_body;
+    [] fn weighted_sum(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize)
+        = x86::weighted_sum_lanes::<L>, weighted_sum_body;
+    [] fn weighted_sum_pair(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], vh: &[f32], hs: usize)
+        = x86::weighted_sum_pair_lanes::<L>, weighted_sum_pair_body;
 }
 
 /// One packed matmul call, as the tasks share it: `out[T, N] = inp[T, K] @ w + bias`, with the
@@ -88,67 +91,6 @@ pub(crate) struct Call<'a> {
     pub(crate) w: &'a PackedMatrix,
     pub(crate) bias: &'a [f32],
     pub(crate) t: usize,
-}
-
-/// # Safety
-/// `c.out` must point to `c.t * c.w.n()` writable floats, and no other thread may touch the
-/// columns of panels `p0..p1`.
-pub(crate) unsafe fn packed_cols(isa: Isa, c: &Call, p0: usize, p1: usize) {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the CPU reported
-        // AVX2, FMA and F16C.
-        Kind::Avx2Fma => unsafe { x86::packed_cols_avx2(c, p0, p1) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512 F, BW, VL
-        // and VNNI besides AVX2, FMA and F16C.
-        Kind::Avx512 => unsafe { x86::packed_cols_avx512(c, p0, p1) },
-        Kind::Scalar => packed_cols_body::<Portable>(c, p0, p1),
-    }
-}
-
-pub(crate) fn sum(isa: Isa, a: &[f32]) -> f32 {
-    dispatch!(isa, sum_body(a))
-}
-
-pub(crate) fn layernorm_row(isa: Isa, out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32], eps: f32) {
-    dispatch!(isa, layernorm_row_body(out, inp, weight, bias, eps))
-}
-
-pub(crate) fn gelu(isa: Isa, x: &mut [f32]) {
-    dispatch!(isa, gelu_body(x))
-}
-
-pub(crate) fn softmax(isa: Isa, x: &mut [f32]) {
-    dispatch!(isa, softmax_body(x))
-}
-
-pub(crate) fn quantize_row(isa: Isa, q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) {
-    dispatch!(isa, quantize_row_body(q, s, corr, x))
-}
-
-pub(crate) fn scores(isa: Isa, scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx2Fma is only made after the CPU reported AVX2, FMA, F16C.
-        Kind::Avx2Fma => unsafe { x86::scores_avx2(scores, q, kh, hs, scale) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa` of kind Avx512 is only made after the CPU reported AVX-512F too.
-        Kind::Avx512 => unsafe { x86::scores_avx512(scores, q, kh, hs, scale) },
-        Kind::Scalar => scores_body(scores, q, kh, hs, scale),
-    }
-}
-
-pub(crate) fn weighted_sum(isa: Isa, out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-    match isa.0 {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Kind::Avx2Fma => unsafe { x86::weighted_sum_avx2(out, probs, vh, hs) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Kind::Avx512 => unsafe { x86::weighted_sum_avx512(out, probs, vh, hs) },
-        Kind::Scalar => weighted_sum_body(out, probs, vh, hs),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -309,6 +251,23 @@ fn layernorm_row_body(out: &mut [f32], inp: &[f32], weight: &[f32], bias: &[f32]
     }
 }
 
+/// The largest element (−∞ for none), 16 lanes at a time. `if v > m`, not `f32::max`, whose
+/// NaN rule keeps the loop scalar; the maximum of finite values is the same either way.
+#[inline(always)]
+fn max_body(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let mut ch = x.chunks_exact(LANES);
+    for c in &mut ch {
+        for (ml, &v) in m.iter_mut().zip(c) {
+            *ml = if v > *ml { v } else { *ml };
+        }
+    }
+    for (ml, &v) in m.iter_mut().zip(ch.remainder()) {
+        *ml = if v > *ml { v } else { *ml };
+    }
+    m.iter().fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })
+}
+
 #[inline(always)]
 fn gelu_body(x: &mut [f32]) {
     for v in x.iter_mut() {
@@ -318,7 +277,7 @@ fn gelu_body(x: &mut [f32]) {
 
 #[inline(always)]
 fn softmax_body(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let max = max_body(x);
     for v in x.iter_mut() {
         *v = exp_approx(*v - max);
     }
@@ -344,6 +303,14 @@ pub(crate) fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: 
             *o = a.mul_add(*v, *o);
         }
     }
+}
+
+/// [`weighted_sum_body`] for two queries at once: `o0` over the keys of `p0`, `o1` over those of
+/// `p1` (the same keys and one more, the next query's own). Each output keeps its own chain.
+#[inline(always)]
+pub(crate) fn weighted_sum_pair_body(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], vh: &[f32], hs: usize) {
+    weighted_sum_body(o0, p0, vh, hs);
+    weighted_sum_body(o1, p1, vh, hs);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -816,18 +783,11 @@ unsafe fn packed_tile<S: Source, const R: usize>(j: &Job<S>, p: usize, r0: usize
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{packed_cols_body, scores_body, weighted_sum_body, Call, Lanes, Simd, NR};
+    use super::{scores_body, weighted_sum_body, weighted_sum_pair_body, Lanes, NR};
     use crate::int8::x86::{Yi, Zi};
     use std::arch::x86_64::*;
 
     type V = __m256;
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C; as for [`super::packed_cols`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn packed_cols_avx2(c: &Call, p0: usize, p1: usize) {
-        packed_cols_body::<Simd<Y>>(c, p0, p1)
-    }
 
     /// A hint to bring `d[at]` into cache; any `at` is allowed.
     #[inline(always)]
@@ -835,13 +795,6 @@ pub(crate) mod x86 {
         // SAFETY: a prefetch never faults and never changes memory, whatever the address; the
         // pointer is formed with wrapping arithmetic and never dereferenced.
         unsafe { _mm_prefetch(d.as_ptr().wrapping_add(at) as *const i8, _MM_HINT_T0) }
-    }
-
-    /// # Safety
-    /// The CPU must have AVX-512F, AVX2, FMA and F16C; as for [`super::packed_cols`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(crate) unsafe fn packed_cols_avx512(c: &Call, p0: usize, p1: usize) {
-        packed_cols_body::<Simd<Z>>(c, p0, p1)
     }
 
     /// A row of 16 lanes as the two AVX2 halves (lanes 0–7, 8–15) the reductions take.
@@ -863,38 +816,10 @@ pub(crate) mod x86 {
         }
     }
 
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn scores_avx2(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-        scores_lanes::<Y>(scores, q, kh, hs, scale)
-    }
-
-    /// # Safety
-    /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(crate) unsafe fn scores_avx512(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-        scores_lanes::<Z>(scores, q, kh, hs, scale)
-    }
-
-    /// # Safety
-    /// The CPU must have AVX2, FMA and F16C.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_sum_avx2(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-        weighted_sum_lanes::<Y>(out, probs, vh, hs)
-    }
-
-    /// # Safety
-    /// The CPU must have AVX-512F besides AVX2, FMA and F16C.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(crate) unsafe fn weighted_sum_avx512(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-        weighted_sum_lanes::<Z>(out, probs, vh, hs)
-    }
-
     /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
     /// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
     #[inline(always)]
-    unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+    pub(crate) unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
         let n = scores.len();
         if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
             return scores_body(scores, q, kh, hs, scale);
@@ -927,13 +852,18 @@ pub(crate) mod x86 {
             }
             c += NR;
         }
-        acc.map(|a| a.halves())
+        // A loop, not `array::map`: its closure would not get the caller's target features.
+        let mut out = [[_mm256_setzero_ps(); 2]; G];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a.halves();
+        }
+        out
     }
 
     /// `out = Σ_j probs[j] · v_j` over one head of 64 outputs held in four rows of lanes; the same
     /// chain per output as `weighted_sum_body`.
     #[inline(always)]
-    unsafe fn weighted_sum_lanes<L: Lanes>(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+    pub(crate) unsafe fn weighted_sum_lanes<L: Lanes>(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
         if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
             return weighted_sum_body(out, probs, vh, hs);
         }
@@ -948,6 +878,44 @@ pub(crate) mod x86 {
         }
         for (d, accd) in acc.iter().enumerate() {
             accd.store(out.as_mut_ptr().add(NR * d));
+        }
+    }
+
+    /// [`weighted_sum_lanes`] for two queries that share their keys but the second's last: eight
+    /// FMA chains in flight instead of four, and each value row loaded once for both.
+    #[inline(always)]
+    pub(crate) unsafe fn weighted_sum_pair_lanes<L: Lanes>(
+        o0: &mut [f32],
+        o1: &mut [f32],
+        p0: &[f32],
+        p1: &[f32],
+        vh: &[f32],
+        hs: usize,
+    ) {
+        let n = p0.len();
+        if hs != 64 || o0.len() < 64 || o1.len() < 64 || p1.len() != n + 1 || vh.len() < (n + 1) * 64 {
+            return weighted_sum_pair_body(o0, o1, p0, p1, vh, hs);
+        }
+        let (mut a0, mut a1) = ([L::zero(); 4], [L::zero(); 4]);
+        for j in 0..n {
+            let (x0, x1) = (L::splat(p0[j]), L::splat(p1[j]));
+            // SAFETY: row j of vh holds 64 floats (checked above).
+            let v = vh.as_ptr().add(j * 64);
+            for d in 0..4 {
+                let vd = L::load(v.add(NR * d));
+                a0[d] = L::fma(x0, vd, a0[d]);
+                a1[d] = L::fma(x1, vd, a1[d]);
+            }
+        }
+        let x1 = L::splat(p1[n]);
+        // SAFETY: row n of vh holds 64 floats (checked above).
+        let v = vh.as_ptr().add(n * 64);
+        for (d, a) in a1.iter_mut().enumerate() {
+            *a = L::fma(x1, L::load(v.add(NR * d)), *a);
+        }
+        for d in 0..4 {
+            a0[d].store(o0.as_mut_ptr().add(NR * d));
+            a1[d].store(o1.as_mut_ptr().add(NR * d));
         }
     }
 

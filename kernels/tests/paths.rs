@@ -203,7 +203,7 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
                 }
             }
         }
-        let mut scratch = vec![0.0; nh * t_max];
+        let mut scratch = vec![0.0; 2 * nh * t_max];
         let mut reference = vec![0.0; total * c];
         attention(Isa::scalar(), &mut reference, None, &q, 3 * c, &k_cache, &v_cache, &mut scratch, dims(total, 0));
         for isa in Isa::available() {
@@ -213,11 +213,13 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
             assert_eq!(bits(&out), bits(&reference), "attention {} T={total}", isa.name());
             close(&out, &want, 1e-5, "attention out");
             close(&probs, &want_probs, 1e-6, "attention probs");
-            // The last query alone over the cache (decode) gives the same bits as its full row.
-            let mut last = vec![0.0; c];
-            let p = total - 1;
-            attention(isa, &mut last, None, &q[p * 3 * c..], 3 * c, &k_cache, &v_cache, &mut scratch, dims(1, p));
-            assert_eq!(bits(&last), bits(&reference[p * c..]), "decode row {}", isa.name());
+            // A query alone over the cache (decode) gives the same bits as its row in the full
+            // call, whether that row was the first or the second of a pair there, or alone.
+            for p in [0, 1, total / 2, total.saturating_sub(2), total - 1].into_iter().filter(|&p| p < total) {
+                let mut one = vec![0.0; c];
+                attention(isa, &mut one, None, &q[p * 3 * c..], 3 * c, &k_cache, &v_cache, &mut scratch, dims(1, p));
+                assert_eq!(bits(&one), bits(&reference[p * c..(p + 1) * c]), "decode row {p} {}", isa.name());
+            }
         }
     }
 }
@@ -372,7 +374,8 @@ fn every_instruction_set_the_cpu_reports_is_listed_and_so_tested() {
 }
 
 /// W8A8 as its definition reads, written independently of the kernels: weights quantized per
-/// column and block of 32 rows, activations per row and block, exact integer block sums, then
+/// column and block of 32 rows, activations per row and block (`round(x · (1/s))`, half to even,
+/// within ±127, `s = max|x| / 127`), exact integer block sums, then
 /// `acc = fma(sa * sw, sum, acc)` in block order and the bias.
 fn w8a8_reference(inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) -> Vec<f32> {
     let blocks = k.div_ceil(32);
@@ -380,7 +383,7 @@ fn w8a8_reference(inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: u
         let s = v.iter().fold(0.0f32, |m, x| m.max(x.abs())) / 127.0;
         let q = v
             .iter()
-            .map(|&x| if s == 0.0 { 0 } else { (x / s).round_ties_even().clamp(-127.0, 127.0) as i64 })
+            .map(|&x| if s == 0.0 { 0 } else { (x * (1.0 / s)).round_ties_even().clamp(-127.0, 127.0) as i64 })
             .collect();
         (s, q)
     };
