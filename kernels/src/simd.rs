@@ -349,6 +349,8 @@ pub(crate) trait Lanes: Copy {
     const PREFETCH: bool;
     /// Up to how many rows the few-rows path runs (see [`TileKernel::FEW_ROWS`]).
     const FEW_ROWS: usize;
+    /// Keys per step of the attention scores (4, or 8 where a key's row is one register).
+    const KEYS: usize = 4;
     /// The same ISA's integer dot products (W8A8).
     type Int: IntLanes<F = Self>;
     unsafe fn zero() -> Self;
@@ -826,6 +828,19 @@ pub(crate) mod x86 {
         }
         let (qp, kp) = (q.as_ptr(), kh.as_ptr());
         let mut j = 0;
+        if L::KEYS == 8 {
+            // Eight keys in flight: eight FMA chains, enough to cover the FMA latency in one
+            // register per key.
+            while j + 8 <= n {
+                // SAFETY: keys j..j+8 < n lie inside kh (checked above), and j + 8 <= scores.len().
+                let acc = dot_keys::<L, 8>(qp, kp.add(j * hs), hs);
+                let (a, b): (&[[V; 2]; 4], &[[V; 2]; 4]) = (acc[..4].try_into().unwrap(), acc[4..].try_into().unwrap());
+                let sc = _mm_set1_ps(scale);
+                _mm_storeu_ps(scores.as_mut_ptr().add(j), _mm_mul_ps(reduce16x4(a), sc));
+                _mm_storeu_ps(scores.as_mut_ptr().add(j + 4), _mm_mul_ps(reduce16x4(b), sc));
+                j += 8;
+            }
+        }
         while j + 4 <= n {
             // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
             let r = _mm_mul_ps(reduce16x4(&dot_keys::<L, 4>(qp, kp.add(j * hs), hs)), _mm_set1_ps(scale));
@@ -1036,6 +1051,7 @@ pub(crate) mod x86 {
         // Every T: eight rows against three panels over the whole reduction beat the 6-row
         // KC-blocked tile at prefill too (pp128 1520–1620 → 2120–2170 tok/s, pp512 likewise).
         const FEW_ROWS: usize = usize::MAX;
+        const KEYS: usize = 8;
         type Int = Zi;
         #[inline(always)]
         unsafe fn zero() -> Z {
