@@ -349,7 +349,8 @@ pub(crate) trait Lanes: Copy {
     const PREFETCH: bool;
     /// Up to how many rows the few-rows path runs (see [`TileKernel::FEW_ROWS`]).
     const FEW_ROWS: usize;
-    /// Keys per step of the attention scores (4, or 8 where a key's row is one register).
+    /// Keys per step of the attention scores (4, or 16 where a key's row is one register and 16
+    /// of them reduce together, then 8 and 4).
     const KEYS: usize = 4;
     /// The same ISA's integer dot products (W8A8).
     type Int: IntLanes<F = Self>;
@@ -802,6 +803,11 @@ pub(crate) mod x86 {
     /// A row of 16 lanes as the two AVX2 halves (lanes 0–7, 8–15) the reductions take.
     pub(crate) trait Halves: Lanes {
         unsafe fn halves(self) -> [V; 2];
+        /// Where [`Lanes::KEYS`] is 16: writes `scale ·` the lane sums of 16 keys (one register
+        /// each) to `out[0..16]`, in `reduce_lanes` order.
+        unsafe fn reduce_keys16(_acc: &[Self; 16], _scale: f32, _out: *mut f32) {
+            unreachable!("only lanes with KEYS = 16 reduce 16 keys at once")
+        }
     }
 
     impl Halves for Y {
@@ -816,6 +822,47 @@ pub(crate) mod x86 {
         unsafe fn halves(self) -> [V; 2] {
             [_mm512_castps512_ps256(self.0), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(self.0), 1))]
         }
+
+        /// The reduction tree of `reduce_lanes` (lane l plus lane l + 8, then + 4, + 2, + 1) for 16
+        /// keys at once, by transposing as it goes: each step adds the same pairs of values for
+        /// every key, two to eight keys per instruction.
+        #[inline(always)]
+        unsafe fn reduce_keys16(acc: &[Z; 16], scale: f32, out: *mut f32) {
+            // Width 8: [x lanes 0-7 | y lanes 0-7] + [x 8-15 | y 8-15] for key pairs (2i, 2i+1).
+            let mut w8 = [_mm512_setzero_ps(); 8];
+            for (i, w) in w8.iter_mut().enumerate() {
+                let (x, y) = (acc[2 * i].0, acc[2 * i + 1].0);
+                *w =
+                    _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0b01_00_01_00), _mm512_shuffle_f32x4(x, y, 0b11_10_11_10));
+            }
+            // Width 4: [a 0-3 | b 0-3 | c 0-3 | d 0-3] + [a 4-7 | …] for keys 4i..4i+4.
+            let mut w4 = [_mm512_setzero_ps(); 4];
+            for (i, w) in w4.iter_mut().enumerate() {
+                let (u, v) = (w8[2 * i], w8[2 * i + 1]);
+                *w =
+                    _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0b10_00_10_00), _mm512_shuffle_f32x4(u, v, 0b11_01_11_01));
+            }
+            // Width 2, within each 128-bit lane L: [x0 x1 y0 y1] + [x2 x3 y2 y3], x = key L (+8),
+            // y = key L + 4 (+8).
+            let w2: [__m512; 2] = [
+                _mm512_add_ps(
+                    _mm512_shuffle_ps(w4[0], w4[1], 0b01_00_01_00),
+                    _mm512_shuffle_ps(w4[0], w4[1], 0b11_10_11_10),
+                ),
+                _mm512_add_ps(
+                    _mm512_shuffle_ps(w4[2], w4[3], 0b01_00_01_00),
+                    _mm512_shuffle_ps(w4[2], w4[3], 0b11_10_11_10),
+                ),
+            ];
+            // Width 1: lane L holds keys [L, L + 4, L + 8, L + 12].
+            let w1 = _mm512_add_ps(
+                _mm512_shuffle_ps(w2[0], w2[1], 0b10_00_10_00),
+                _mm512_shuffle_ps(w2[0], w2[1], 0b11_01_11_01),
+            );
+            // Key j sits at 4 (j mod 4) + j / 4.
+            let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+            _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(idx, w1), _mm512_set1_ps(scale)));
+        }
     }
 
     /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
@@ -828,7 +875,15 @@ pub(crate) mod x86 {
         }
         let (qp, kp) = (q.as_ptr(), kh.as_ptr());
         let mut j = 0;
-        if L::KEYS == 8 {
+        if L::KEYS == 16 {
+            while j + 16 <= n {
+                // SAFETY: keys j..j+16 < n lie inside kh (checked above), and j + 16 <= scores.len().
+                let acc = dot_key_lanes::<L, 16>(qp, kp.add(j * hs), hs);
+                L::reduce_keys16(&acc, scale, scores.as_mut_ptr().add(j));
+                j += 16;
+            }
+        }
+        if L::KEYS >= 8 {
             // Eight keys in flight: eight FMA chains, enough to cover the FMA latency in one
             // register per key.
             while j + 8 <= n {
@@ -857,6 +912,18 @@ pub(crate) mod x86 {
     /// The 16-lane partial sums of `q · k` for `G` consecutive keys of `hs` floats at `k`.
     #[inline(always)]
     unsafe fn dot_keys<L: Halves, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
+        let acc = dot_key_lanes::<L, G>(q, k, hs);
+        // A loop, not `array::map`: its closure would not get the caller's target features.
+        let mut out = [[_mm256_setzero_ps(); 2]; G];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a.halves();
+        }
+        out
+    }
+
+    /// The same partial sums, one row of lanes per key.
+    #[inline(always)]
+    unsafe fn dot_key_lanes<L: Lanes, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [L; G] {
         let mut acc = [L::zero(); G];
         let mut c = 0;
         while c < hs {
@@ -867,12 +934,7 @@ pub(crate) mod x86 {
             }
             c += NR;
         }
-        // A loop, not `array::map`: its closure would not get the caller's target features.
-        let mut out = [[_mm256_setzero_ps(); 2]; G];
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = a.halves();
-        }
-        out
+        acc
     }
 
     /// `out = Σ_j probs[j] · v_j` over one head of 64 outputs held in four rows of lanes; the same
@@ -1051,7 +1113,7 @@ pub(crate) mod x86 {
         // Every T: eight rows against three panels over the whole reduction beat the 6-row
         // KC-blocked tile at prefill too (pp128 1520–1620 → 2120–2170 tok/s, pp512 likewise).
         const FEW_ROWS: usize = usize::MAX;
-        const KEYS: usize = 8;
+        const KEYS: usize = 16;
         type Int = Zi;
         #[inline(always)]
         unsafe fn zero() -> Z {
