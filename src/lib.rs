@@ -17,6 +17,7 @@ pub mod prefix_cache;
 pub mod prompt_file;
 pub mod sampler;
 pub mod scheduler;
+pub mod score;
 pub mod sequence;
 pub mod tap;
 pub mod tokenizer;

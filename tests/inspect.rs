@@ -136,6 +136,19 @@ fn logits_top_k_and_the_logit_lens_match_the_reference() {
         let best = kvgpt::sampler::argmax(row);
         assert_eq!(view["top"][0]["id"], best);
         assert!((view["top"][0]["logit"].as_f64().unwrap() - row[best as usize] as f64).abs() < 1e-4);
+        // The prompt's actual next token: its probability and rank under HF's logits.
+        match p.ids.get(pos + 1) {
+            Some(&next) => {
+                let target = row[next as usize];
+                let z: f64 = row.iter().map(|&x| ((x - row[best as usize]) as f64).exp()).sum();
+                let prob = ((target - row[best as usize]) as f64).exp() / z;
+                assert_eq!(view["next"]["id"], next);
+                assert!((view["next"]["prob"].as_f64().unwrap() - prob).abs() < 1e-6 + 1e-4 * prob, "{view}");
+                let rank = 1 + row.iter().filter(|&&x| x > target).count();
+                assert_eq!(view["next"]["rank"], rank);
+            }
+            None => assert!(view.get("next").is_none(), "no next token after the prompt's last"),
+        }
     }
 }
 

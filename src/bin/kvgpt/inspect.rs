@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use kvgpt::export::{self, Named};
 use kvgpt::inspect::{top_k, trace, Trace, TraceSpec};
 use kvgpt::{KvPart, Loaded, Point};
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -368,24 +369,65 @@ fn attention(c: &Common, sel: &Select, generate: usize, svg: Option<&Path>, html
 // ---------------------------------------------------------------------------------------------
 // logits
 
-fn top_json(s: &Session, row: &[f32], k: usize) -> (Vec<Value>, f64) {
-    let (top, entropy) = top_k(row, k);
-    let top =
-        top.iter().map(|c| json!({"id": c.id, "token": s.label(c.id), "logit": c.logit, "prob": c.prob})).collect();
-    (top, entropy)
+/// One candidate next token.
+#[derive(Serialize)]
+struct Candidate {
+    id: u32,
+    token: String,
+    logit: f32,
+    prob: f64,
 }
 
-fn print_top(top: &[Value]) -> Result<()> {
+/// A next-token distribution: its top candidates and entropy.
+#[derive(Serialize)]
+struct Distribution {
+    top: Vec<Candidate>,
+    entropy: f64,
+}
+
+/// How the model rated the token that actually comes next in the prompt.
+#[derive(Serialize)]
+struct Actual {
+    id: u32,
+    token: String,
+    rank: usize,
+    prob: f64,
+    surprisal: f64,
+}
+
+/// One layer of the logit lens.
+#[derive(Serialize)]
+struct LensRow {
+    /// "embed", or the block's index.
+    layer: Value,
+    #[serde(flatten)]
+    dist: Distribution,
+}
+
+/// What `inspect logits` shows of one position.
+#[derive(Serialize)]
+struct LogitsView {
+    position: usize,
+    token: String,
+    #[serde(flatten)]
+    dist: Distribution,
+    /// The prompt's next token (none after the last position).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<Actual>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lens: Option<Vec<LensRow>>,
+}
+
+fn distribution(s: &Session, row: &[f32], k: usize) -> Distribution {
+    let (top, entropy) = top_k(row, k);
+    let top = top.iter().map(|c| Candidate { id: c.id, token: s.label(c.id), logit: c.logit, prob: c.prob }).collect();
+    Distribution { top, entropy }
+}
+
+fn print_top(top: &[Candidate]) -> Result<()> {
     outln!("  {:>4} {:>6}  {:<18} {:>10} {:>9}", "rank", "id", "token", "logit", "prob");
     for (r, t) in top.iter().enumerate() {
-        outln!(
-            "  {:>4} {:>6}  {:<18} {:>10.4} {:>9.5}",
-            r + 1,
-            t["id"].as_u64().unwrap_or(0),
-            format!("{:?}", t["token"].as_str().unwrap_or("")),
-            t["logit"].as_f64().unwrap_or(f64::NAN),
-            t["prob"].as_f64().unwrap_or(f64::NAN)
-        );
+        outln!("  {:>4} {:>6}  {:<18} {:>10.4} {:>9.5}", r + 1, t.id, format!("{:?}", t.token), t.logit, t.prob);
     }
     Ok(())
 }
@@ -416,53 +458,59 @@ fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, lens: bool) 
             hidden.extend(tr.rows(Point::Block(l)).context("no block output recorded")?.1);
         }
     }
-    let views: Vec<Value> = positions
+    let views: Vec<LogitsView> = positions
         .iter()
         .map(|&p| {
-            let (top, entropy) = top_json(&s, &tr.logits[p * v..(p + 1) * v], k);
-            let mut view = json!({"position": p, "token": s.label(s.ids[p]), "top": top, "entropy": entropy});
-            if lens {
+            let row = &tr.logits[p * v..(p + 1) * v];
+            let next = s.ids.get(p + 1).map(|&id| {
+                let sc = kvgpt::score::token_score(row, id, p + 1, p + 1);
+                Actual { id, token: s.label(id), rank: sc.rank, prob: sc.prob, surprisal: sc.surprisal }
+            });
+            let lens = lens.then(|| {
                 let rows: Vec<f32> =
                     (0..=cfg.n_layer).flat_map(|l| hidden[(l * t + p) * ch..][..ch].iter().copied()).collect();
                 let lens_logits = m.logits_of_hidden(&rows);
-                view["lens"] = (0..=cfg.n_layer)
-                    .map(|l| {
-                        let (top, entropy) = top_json(&s, &lens_logits[l * v..(l + 1) * v], k);
-                        let layer = if l == 0 { json!("embed") } else { json!(l - 1) };
-                        json!({"layer": layer, "top": top, "entropy": entropy})
+                (0..=cfg.n_layer)
+                    .map(|l| LensRow {
+                        layer: if l == 0 { json!("embed") } else { json!(l - 1) },
+                        dist: distribution(&s, &lens_logits[l * v..(l + 1) * v], k),
                     })
-                    .collect();
-            }
-            view
+                    .collect()
+            });
+            LogitsView { position: p, token: s.label(s.ids[p]), dist: distribution(&s, row, k), next, lens }
         })
         .collect();
     if c.io.json {
-        print_json(&if all { Value::Array(views) } else { views.into_iter().next().expect("one position") })?;
+        let v = if all { serde_json::to_value(&views)? } else { serde_json::to_value(&views[0])? };
+        print_json(&v)?;
     } else {
         for view in &views {
             outln!(
                 "position {} ({:?}): next-token distribution, entropy {:.4} nats",
-                view["position"],
-                view["token"].as_str().unwrap_or(""),
-                view["entropy"].as_f64().unwrap_or(0.0)
+                view.position,
+                view.token,
+                view.dist.entropy
             );
-            print_top(view["top"].as_array().map(|a| a.as_slice()).unwrap_or(&[]))?;
-            if let Some(lens) = view["lens"].as_array() {
+            print_top(&view.dist.top)?;
+            if let Some(n) = &view.next {
+                outln!(
+                    "  the prompt's next token {:?} (id {}): rank {}, prob {}, surprisal {:.3} nats",
+                    n.token,
+                    n.id,
+                    n.rank,
+                    render::prob(n.prob),
+                    n.surprisal
+                );
+            }
+            if let Some(lens) = &view.lens {
                 outln!("  logit lens (ln_f + vocabulary projection of the residual stream after each layer):");
                 for e in lens {
-                    let tops: Vec<String> = e["top"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|t| {
-                            format!("{:?} {:.3}", t["token"].as_str().unwrap_or(""), t["prob"].as_f64().unwrap_or(0.0))
-                        })
-                        .collect();
-                    let name = match e["layer"].as_str() {
+                    let tops: Vec<String> = e.dist.top.iter().map(|t| format!("{:?} {:.3}", t.token, t.prob)).collect();
+                    let name = match e.layer.as_str() {
                         Some(s) => s.to_string(),
-                        None => format!("layer {}", e["layer"]),
+                        None => format!("layer {}", e.layer),
                     };
-                    outln!("    {name:<9} H={:.3}  {}", e["entropy"].as_f64().unwrap_or(0.0), tops.join(", "));
+                    outln!("    {name:<9} H={:.3}  {}", e.dist.entropy, tops.join(", "));
                 }
             }
             outln!("");

@@ -22,6 +22,7 @@ mod bench;
 mod generate;
 mod inspect;
 mod render;
+mod score;
 mod serve;
 mod verify;
 
@@ -88,6 +89,8 @@ enum Cmd {
     /// Check the engine: cached against uncached decoding, or against golden logits.
     #[command(subcommand)]
     Verify(verify::VerifyCmd),
+    /// Score a text: each token's surprisal and rank, the mean loss and the perplexity.
+    Score(score::ScoreArgs),
     /// Measure prefill and decode speed, cached against uncached (forward passes only).
     Bench(bench::BenchArgs),
     /// Serve the model over HTTP (OpenAI-compatible), batching requests, with a prompt cache.
@@ -226,7 +229,7 @@ impl Cmd {
             Cmd::Inspect(inspect::InspectCmd::Attention { .. } | inspect::InspectCmd::Cache { .. }) => {
                 Some("--generate")
             }
-            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) => None,
+            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) => None,
         }
     }
 }
@@ -262,6 +265,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Cmd::Explain(a) => with_threads(&a.model, || inspect::explain(&a)),
         Cmd::Bench(a) => with_threads(&a.model, || bench::run(&a)),
+        Cmd::Score(a) => with_threads(&a.model, || score::run(&a)),
         Cmd::Verify(c) => {
             let m = c.model_args().clone();
             with_threads(&m, || verify::run(c))

@@ -10,6 +10,16 @@ pub struct Matrix<'a> {
     pub weights: &'a [f32],
 }
 
+/// A probability as people read it: four decimals, or scientific notation where those would
+/// show 0.
+pub fn prob(p: f64) -> String {
+    if p >= 1e-4 {
+        format!("{p:.4}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
 /// A token label as it reads on one line: quoted, control characters escaped.
 pub fn label(text: &str) -> String {
     format!("{text:?}")
