@@ -10,6 +10,7 @@ pub mod error;
 pub mod export;
 pub mod generate;
 pub mod hub;
+pub mod info;
 pub mod inspect;
 pub mod kv_cache;
 pub mod model;

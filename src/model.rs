@@ -274,6 +274,15 @@ impl Model {
         self.isa
     }
 
+    /// Bytes the weights of a `cfg` model would take held as `ty` (what [`Model::weight_bytes`]
+    /// reports once loaded): the matrices in their panels, biases, LayerNorms and `wpe` in f32.
+    pub fn weight_bytes_for(cfg: &Config, ty: WeightType) -> usize {
+        let (c, f) = (cfg.n_embd, cfg.n_inner);
+        let conv = |k: usize, n: usize| PackedMatrix::bytes_of(k, n, ty) + 4 * n;
+        let block = 4 * 4 * c + conv(c, cfg.qkv_width()) + conv(c, c) + conv(c, f) + conv(f, c);
+        PackedMatrix::bytes_of(c, cfg.vocab_size, ty) + 4 * cfg.n_positions * c + cfg.n_layer * block + 4 * 2 * c
+    }
+
     /// Bytes of all weights as held in memory.
     pub fn weight_bytes(&self) -> usize {
         let conv = |c: &Conv1D| c.weight.bytes() + 4 * c.bias.len();

@@ -35,6 +35,10 @@ pub enum WeightType {
 }
 
 impl WeightType {
+    /// Every type, in the order the CLI lists them.
+    pub const ALL: [WeightType; 5] =
+        [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8, WeightType::W8A8];
+
     pub fn name(self) -> &'static str {
         match self {
             WeightType::F32 => "f32",
@@ -321,6 +325,22 @@ impl PackedMatrix {
             m.set_row(i, &w[i * n..(i + 1) * n]);
         }
         m
+    }
+
+    /// The bytes a `[K, N]` matrix of type `ty` holds (what [`PackedMatrix::bytes`] reports once
+    /// it exists), without making it.
+    pub fn bytes_of(k: usize, n: usize, ty: WeightType) -> usize {
+        let panels = n.div_ceil(NR);
+        let len = panels * k * NR;
+        match ty {
+            WeightType::F32 => len * 4,
+            WeightType::F16 | WeightType::Bf16 => len * 2,
+            WeightType::Q8 => len + n.div_ceil(Q8_BLOCK) * k * 4,
+            WeightType::W8A8 => {
+                let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
+                panels * kp * NR + panels * (kp / W8_BLOCK) * NR * 4
+            }
+        }
     }
 
     /// An all-zero `[K, N]` matrix of type `ty`, to be filled with [`PackedMatrix::set_row`] or

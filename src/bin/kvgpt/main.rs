@@ -20,6 +20,7 @@ macro_rules! errln {
 
 mod bench;
 mod generate;
+mod info;
 mod inspect;
 mod render;
 mod score;
@@ -89,6 +90,8 @@ enum Cmd {
     /// Check the engine: cached against uncached decoding, or against golden logits.
     #[command(subcommand)]
     Verify(verify::VerifyCmd),
+    /// What a model is: config, parameters, bytes per dtype, KV cache, tokenizer, the kernels' ISA.
+    Info(info::InfoArgs),
     /// Score a text: each token's surprisal and rank, the mean loss and the perplexity.
     Score(score::ScoreArgs),
     /// Measure prefill and decode speed, cached against uncached (forward passes only).
@@ -229,7 +232,7 @@ impl Cmd {
             Cmd::Inspect(inspect::InspectCmd::Attention { .. } | inspect::InspectCmd::Cache { .. }) => {
                 Some("--generate")
             }
-            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) => None,
+            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) | Cmd::Info(_) => None,
         }
     }
 }
@@ -266,6 +269,7 @@ fn run(cli: Cli) -> Result<Outcome> {
         Cmd::Explain(a) => with_threads(&a.model, || inspect::explain(&a)),
         Cmd::Bench(a) => with_threads(&a.model, || bench::run(&a)),
         Cmd::Score(a) => with_threads(&a.model, || score::run(&a)),
+        Cmd::Info(a) => info::run(&a),
         Cmd::Verify(c) => {
             let m = c.model_args().clone();
             with_threads(&m, || verify::run(c))

@@ -1,0 +1,52 @@
+//! `kvgpt info` against independent counts: the parameters in the fixture's safetensors file as
+//! the `safetensors` crate reads it, the bytes each `--dtype` really allocates, the KV cache's.
+
+mod common;
+
+use common::*;
+use kvgpt::{KvCache, Model, WeightType};
+use std::process::Command;
+
+#[test]
+fn info_counts_what_loading_holds() {
+    let files = kvgpt::hub::local_folder(&fixture_dir()).unwrap();
+    let info = kvgpt::info::describe(&files).unwrap();
+    // Every tensor of the file, counted by the safetensors crate (the fixture has no mask buffers
+    // and no lm_head: wte is tied).
+    let bytes = std::fs::read(&files.weights).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let in_file: usize = st.tensors().iter().map(|(_, t)| t.shape().iter().product::<usize>()).sum();
+    assert_eq!(info.parameters, in_file);
+    assert_eq!(info.files.weights_file_bytes, bytes.len() as u64);
+    for ty in WeightType::ALL {
+        let model = Model::load_as(&files.config, &files.weights, ty).unwrap();
+        let got = info.weight_bytes.iter().find(|d| d.dtype == ty.name()).unwrap().bytes;
+        assert_eq!(got, model.weight_bytes(), "{}", ty.name());
+    }
+    let cfg = &load_fixture().model.config;
+    let full = KvCache::with_capacity(cfg, cfg.n_positions);
+    assert_eq!(info.kv_cache.bytes_full_context, full.bytes());
+    assert_eq!(info.config.n_positions, 128);
+    assert_eq!((info.tokenizer.eos_token.as_str(), info.tokenizer.eos_token_id), ("<|endoftext|>", 50256));
+    assert_eq!(info.kernels.available.first(), Some(&"scalar"));
+}
+
+#[test]
+fn the_cli_prints_it() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(["info", "--model", &m]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in
+        ["2 layers, 4 heads × 16 = 64 channels, MLP 256, vocabulary 50257, context 128 positions", "parameters 3"]
+    {
+        assert!(text.contains(want), "{want:?} in {text}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(["info", "--model", &m, "--json"]).output().unwrap();
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["kv_cache"]["bytes_per_token"], 2 * 2 * 64 * 4);
+    assert_eq!(j["weight_bytes"].as_array().unwrap().len(), 5);
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(["info", "--model", "/nonexistent/folder"]).output().unwrap();
+    assert!(!out.status.success());
+}
