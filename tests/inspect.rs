@@ -319,6 +319,20 @@ fn verify_reference_passes_on_golden_logits_and_fails_on_wrong_ones() {
         kvgpt(&["verify", "reference", "The cat sat on", "--model", &m, "--logits", f, "--tensor", "p2.last_logits"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("more than the tolerance"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let fail = text.lines().last().unwrap();
+    assert!(fail.starts_with("FAIL: max |Δlogit| ") && fail.ends_with(" > tolerance 1.00e-4"), "{text}");
+    // The golden logits in text: numbers as people read them and a PASS line.
+    let out = kvgpt(&["verify", "reference", "The cat sat on", "--model", &m, "--logits", f, "--tensor", "p0.logits"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let diff = j["max_abs_diff"].as_f64().unwrap();
+    assert!(text.contains(&format!("  max |Δlogit|         {diff:.2e}\n")), "{text}");
+    assert!(text.ends_with(&format!("PASS: max |Δlogit| {diff:.2e} ≤ tolerance 1.00e-4\n")), "{text}");
+    let out = kvgpt(&["verify", "cache", "The cat sat on", "--model", &m, "--steps", "3"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("max |Δlogit|         0 (the same bits)") && text.contains("PASS: max |Δlogit| 0 ≤ tolerance 0")
+    );
     let out = kvgpt(&["verify", "reference", "The cat sat on", "--model", &m, "--logits", f]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tensor"));

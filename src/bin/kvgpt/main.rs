@@ -247,15 +247,33 @@ fn hint(e: &anyhow::Error, flag: Option<&str>) -> Option<String> {
         kvgpt::Error::ContextOverflow { n_positions, .. } => {
             Some(format!("shorten the prompt to at most {n_positions} tokens"))
         }
-        kvgpt::Error::NotCached { .. } => {
-            Some("run once without --offline (and HF_HUB_OFFLINE unset), or pass --model /path/to/folder".into())
-        }
-        kvgpt::Error::HubFetch { .. } | kvgpt::Error::NotAModel { .. } => Some(
-            "pass a local folder with --model /path/to/folder (config.json, model.safetensors, tokenizer.json)".into(),
-        ),
+        kvgpt::Error::NotCached { .. } => Some(format!(
+            "run once without --offline (and HF_HUB_OFFLINE unset), or pass --model /path/to/folder{}",
+            bundled_model_hint()
+        )),
+        kvgpt::Error::HubFetch { .. } | kvgpt::Error::NotAModel { .. } => Some(format!(
+            "pass a local folder with --model /path/to/folder (config.json, model.safetensors, tokenizer.json){}",
+            bundled_model_hint()
+        )),
         kvgpt::Error::WhichTensor { .. } => Some("name it with --tensor NAME".into()),
         _ => None,
     }
+}
+
+/// The small model bundled with the source (random weights, the real tokenizer), as a way to try
+/// every command without the Hub: named relative to the working directory when it is there,
+/// else by the source folder's path when that still exists.
+fn bundled_model_hint() -> String {
+    const REL: &str = "tests/fixtures/tiny-gpt2";
+    let abs = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-gpt2");
+    let path = if std::path::Path::new(REL).join("config.json").is_file() {
+        REL
+    } else if std::path::Path::new(abs).join("config.json").is_file() {
+        abs
+    } else {
+        return String::new();
+    };
+    format!("; to try every command now, use the small bundled model: --model {path} (random weights, the real GPT-2 tokenizer)")
 }
 
 fn run(cli: Cli) -> Result<Outcome> {

@@ -95,17 +95,43 @@ fn report(as_json: bool, what: &str, c: &Comparison, tolerance: f32) -> Result<(
             "pass": c.passes(),
         }))?;
     } else {
+        let bits = if c.max_abs_diff == 0.0 { " (the same bits)" } else { "" };
         outln!("{what}: {} rows compared", c.steps);
-        outln!("  max |Δlogit|         {:e}", c.max_abs_diff);
+        outln!("  max |Δlogit|         {}{bits}", number(c.max_abs_diff as f64));
         outln!("  top-1 agreement      {:.2}%", c.top1_agreement * 100.0);
-        outln!("  mean KL              {:e} nats", c.mean_kl);
+        outln!("  mean KL              {} nats", number(c.mean_kl));
         match c.first_divergent_step {
-            None => outln!("  first divergent row  none (tolerance {tolerance:e})"),
-            Some(s) => outln!("  first divergent row  {s} (tolerance {tolerance:e})"),
+            None => outln!("  first divergent row  none"),
+            Some(s) => outln!("  first divergent row  {s}"),
+        }
+        if c.passes() {
+            outln!("PASS: max |Δlogit| {} ≤ tolerance {}", number(c.max_abs_diff as f64), number(tolerance as f64));
+        } else {
+            outln!("FAIL: max |Δlogit| {} > tolerance {}", number(c.max_abs_diff as f64), number(tolerance as f64));
         }
     }
     if !c.passes() {
-        errln!("error: the logits differ by {:e}, more than the tolerance {tolerance:e}", c.max_abs_diff);
+        errln!(
+            "error: the logits differ by {}, more than the tolerance {}",
+            number(c.max_abs_diff as f64),
+            number(tolerance as f64)
+        );
     }
     Ok(())
+}
+
+/// A number as people read it: 0 as 0, plain decimals from 0.001 to 10⁶ (four significant
+/// digits), scientific notation with three outside them.
+pub fn number(x: f64) -> String {
+    let a = x.abs();
+    if x == 0.0 {
+        "0".into()
+    } else if !x.is_finite() {
+        format!("{x}")
+    } else if (1e-3..1e6).contains(&a) {
+        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.2e}")
+    }
 }
