@@ -75,12 +75,14 @@ class Cli:
         self.memo = {}
 
     def generate(self, prompt, n, *, temperature=None, top_p=None, top_k=None, seed=None,
-                 logprobs=None, ignore_eos=True):
+                 logprobs=None, ignore_eos=True, presence_penalty=None, frequency_penalty=None,
+                 repetition_penalty=None):
         args = [self.binary, "generate", prompt, "--model", self.model, "-n", str(n), "--json"]
         if ignore_eos:
             args.append("--ignore-eos")
         for flag, v in (("--temperature", temperature), ("--top-p", top_p), ("--top-k", top_k),
-                        ("--seed", seed), ("--logprobs", logprobs)):
+                        ("--seed", seed), ("--logprobs", logprobs), ("--presence-penalty", presence_penalty),
+                        ("--frequency-penalty", frequency_penalty), ("--repetition-penalty", repetition_penalty)):
             if v is not None:
                 args += [flag, str(v)]
         key = tuple(args)
@@ -352,6 +354,17 @@ def main():
         return repr(r.choices[0].text)
 
     checks.run("completions seeded sampling == kvgpt generate (T 0.8, top_p 0.95, top_k 40, seed 7)", seeded)
+
+    def penalties():
+        r = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                      presence_penalty=0.5, frequency_penalty=1.5,
+                                      extra_body={"ignore_eos": True, "repetition_penalty": 1.2})
+        ref = cli.generate(PROMPT, 12, presence_penalty=0.5, frequency_penalty=1.5, repetition_penalty=1.2)
+        expect_eq(r.choices[0].text, ref["text"], "penalized greedy text vs `kvgpt generate` with the same flags")
+        expect(ref["text"] != cli.generate(PROMPT, 12)["text"], "the penalties changed nothing: the check would prove nothing")
+        return repr(r.choices[0].text)
+
+    checks.run("completions presence/frequency/repetition penalties == kvgpt generate", penalties)
 
     def seeded_n2():
         r = client.completions.create(model=model, prompt=PROMPT, max_tokens=12, n=2, **sampling,

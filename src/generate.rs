@@ -27,6 +27,8 @@ impl Default for GenerateOptions {
 pub enum FinishReason {
     Eos,
     Length,
+    /// The caller's `on_token` said so (a stop sequence).
+    Stop,
 }
 
 impl FinishReason {
@@ -34,8 +36,16 @@ impl FinishReason {
         match self {
             FinishReason::Eos => "eos",
             FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
         }
     }
+}
+
+/// What `on_token` tells the loop: go on, or stop here (the token stays generated).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    Go,
+    Stop,
 }
 
 /// Forward-pass time only: tokenization and sampling are not in these figures.
@@ -69,12 +79,13 @@ pub struct Generation {
 pub use crate::sequence::check_context;
 
 /// Runs the loop. `on_token` sees every new id as soon as it is chosen, with the logits it was
-/// chosen from (before temperature); returning an error stops.
+/// chosen from (before penalties and temperature); it returns whether to go on, and an error
+/// stops.
 pub fn generate(
     model: &Model,
     prompt_ids: &[u32],
     opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<()>,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<Step>,
 ) -> Result<Generation> {
     let mut seq = Sequence::new(model, prompt_ids, opts.max_new_tokens, opts.sampling)?;
     generate_from(model, &mut seq, opts, on_token)
@@ -86,7 +97,7 @@ pub fn generate_from(
     model: &Model,
     seq: &mut Sequence,
     opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<()>,
+    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<Step>,
 ) -> Result<Generation> {
     let cfg = &model.config;
     let prompt_len = seq.prompt().len();
@@ -108,7 +119,10 @@ pub fn generate_from(
             timings.decode_steps += 1;
         }
         let next = seq.sample();
-        on_token(next, seq.logits())?;
+        if on_token(next, seq.logits())? == Step::Stop {
+            finish = FinishReason::Stop;
+            break;
+        }
         if opts.stop_at_eos && next == cfg.eos_token_id {
             finish = FinishReason::Eos;
             break;

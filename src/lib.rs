@@ -20,13 +20,14 @@ pub mod sampler;
 pub mod scheduler;
 pub mod score;
 pub mod sequence;
+pub mod stop;
 pub mod tap;
 pub mod tokenizer;
 pub mod verify;
 
 pub use config::Config;
 pub use error::{Error, Result};
-pub use generate::{generate, generate_from, FinishReason, GenerateOptions, Generation, Timings};
+pub use generate::{generate, generate_from, FinishReason, GenerateOptions, Generation, Step, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart};
 pub use model::{Batched, Model, Rows, Scratch};

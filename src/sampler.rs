@@ -1,5 +1,6 @@
 //! Choosing the next token: greedy (argmax, as HF `generate()` by default) or sampled with
-//! temperature, top-k and top-p, from a named portable RNG.
+//! temperature, top-k and top-p, from a named portable RNG; either after the penalties people
+//! expect: HF's `repetition_penalty` and OpenAI's presence and frequency penalties.
 //!
 //! Reproducibility: the RNG is ChaCha20 (`rand_chacha::ChaCha20Rng::seed_from_u64`, whose output
 //! is fixed by the ChaCha20 specification); a uniform draw is the top 53 bits of one `next_u64`
@@ -20,13 +21,35 @@ pub struct Sampling {
     /// Keep the smallest set of most likely tokens whose probability reaches p (None or 1: all).
     pub top_p: Option<f32>,
     pub seed: u64,
+    /// HF's `repetition_penalty` θ (1 = off): the logit `l` of every token already in the
+    /// sequence, prompt included, becomes `l / θ` if positive, `l · θ` if not.
+    pub repetition_penalty: f32,
+    /// OpenAI's `presence_penalty` (0 = off): taken once off the logit of every token the
+    /// completion has produced so far.
+    pub presence_penalty: f32,
+    /// OpenAI's `frequency_penalty` (0 = off): taken off the logit of a token once per time the
+    /// completion has produced it.
+    pub frequency_penalty: f32,
 }
 
 impl Sampling {
-    pub const GREEDY: Sampling = Sampling { temperature: 0.0, top_k: None, top_p: None, seed: 0 };
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+    };
 
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+
+    /// Whether any penalty changes the logits.
+    pub fn penalizes(&self) -> bool {
+        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
 }
 
@@ -35,6 +58,10 @@ pub struct Sampler {
     rng: ChaCha20Rng,
     /// (probability, id) candidates, allocated once.
     cand: Vec<(f32, u32)>,
+    /// The penalized logits, and per token how often the completion produced it (kept zero
+    /// between calls): allocated once, used only with penalties.
+    work: Vec<f32>,
+    counts: Vec<u32>,
 }
 
 /// The index of the largest logit; ties go to the lowest id (as torch.argmax).
@@ -50,7 +77,60 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 impl Sampler {
     pub fn new(cfg: Sampling, vocab: usize) -> Sampler {
-        Sampler { cfg, rng: ChaCha20Rng::seed_from_u64(cfg.seed), cand: Vec::with_capacity(vocab) }
+        let room = if cfg.penalizes() { vocab } else { 0 };
+        Sampler {
+            cfg,
+            rng: ChaCha20Rng::seed_from_u64(cfg.seed),
+            cand: Vec::with_capacity(vocab),
+            work: Vec::with_capacity(room),
+            counts: vec![0; room],
+        }
+    }
+
+    /// The next token after `ids` (the sequence so far: `prompt` tokens, then the completion's),
+    /// from the logits of its last position: the penalties, then [`Sampler::sample`].
+    pub fn sample_after(&mut self, logits: &[f32], ids: &[u32], prompt: usize) -> u32 {
+        if !self.cfg.penalizes() {
+            return self.sample(logits);
+        }
+        let mut work = std::mem::take(&mut self.work);
+        work.clear();
+        work.extend_from_slice(logits);
+        self.penalize(&mut work, ids, prompt);
+        let id = self.sample(&work);
+        self.work = work;
+        id
+    }
+
+    /// Applies the penalties to `l` in place (HF's repetition penalty first, as its logits
+    /// processors run before temperature; then presence and frequency).
+    pub fn penalize(&mut self, l: &mut [f32], ids: &[u32], prompt: usize) {
+        let Sampling { repetition_penalty: theta, presence_penalty: pres, frequency_penalty: freq, .. } = self.cfg;
+        if self.counts.len() < l.len() {
+            self.counts.resize(l.len(), 0);
+        }
+        if theta != 1.0 {
+            // Each distinct token once: mark it in `counts`, then clear the marks.
+            for &id in ids {
+                let c = &mut self.counts[id as usize];
+                if *c == 0 {
+                    *c = 1;
+                    let x = &mut l[id as usize];
+                    *x = if *x > 0.0 { *x / theta } else { *x * theta };
+                }
+            }
+            ids.iter().for_each(|&id| self.counts[id as usize] = 0);
+        }
+        if pres != 0.0 || freq != 0.0 {
+            let done = &ids[prompt.min(ids.len())..];
+            done.iter().for_each(|&id| self.counts[id as usize] += 1);
+            for &id in done {
+                let c = std::mem::take(&mut self.counts[id as usize]);
+                if c > 0 {
+                    l[id as usize] -= c as f32 * freq + pres;
+                }
+            }
+        }
     }
 
     /// A uniform number in [0, 1) from the top 53 bits of one 64-bit draw.
@@ -130,8 +210,8 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
         let best = argmax(&logits);
         for cfg in [
-            Sampling { temperature: 1.0, top_k: Some(1), top_p: None, seed: 1 },
-            Sampling { temperature: 1.0, top_k: None, top_p: Some(1e-6), seed: 2 },
+            Sampling { temperature: 1.0, top_k: Some(1), seed: 1, ..Sampling::GREEDY },
+            Sampling { temperature: 1.0, top_p: Some(1e-6), seed: 2, ..Sampling::GREEDY },
         ] {
             let mut s = Sampler::new(cfg, logits.len());
             for _ in 0..20 {
@@ -146,7 +226,7 @@ mod tests {
         logits[417] = 41.0; // one clear maximum, and logits large enough that l / T overflows
         for t in [1e-3f32, 1e-20, 1e-38, 1e-45] {
             for top_k in [None, Some(1), Some(5)] {
-                let mut s = Sampler::new(Sampling { temperature: t, top_k, top_p: None, seed: 3 }, logits.len());
+                let mut s = Sampler::new(Sampling { temperature: t, top_k, seed: 3, ..Sampling::GREEDY }, logits.len());
                 for _ in 0..50 {
                     assert_eq!(s.sample(&logits), 417, "T={t} top_k={top_k:?}");
                 }
@@ -154,7 +234,7 @@ mod tests {
         }
         // Two equal maxima: each is drawn about half the time, nothing else ever.
         logits[9] = 41.0;
-        let mut s = Sampler::new(Sampling { temperature: 1e-38, top_k: None, top_p: None, seed: 5 }, logits.len());
+        let mut s = Sampler::new(Sampling { temperature: 1e-38, seed: 5, ..Sampling::GREEDY }, logits.len());
         let draws: Vec<u32> = (0..4000).map(|_| s.sample(&logits)).collect();
         assert!(draws.iter().all(|&d| d == 9 || d == 417));
         let nine = draws.iter().filter(|&&d| d == 9).count() as f64 / 4000.0;
@@ -165,10 +245,37 @@ mod tests {
     fn sampling_follows_the_distribution() {
         // Two tokens with probabilities 0.2 / 0.8 (logit gap ln 4).
         let logits = [0.0f32, 4.0f32.ln()];
-        let mut s = Sampler::new(Sampling { temperature: 1.0, top_k: None, top_p: None, seed: 7 }, 2);
+        let mut s = Sampler::new(Sampling { temperature: 1.0, seed: 7, ..Sampling::GREEDY }, 2);
         let n = 20000;
         let ones = (0..n).filter(|_| s.sample(&logits) == 1).count();
         let frac = ones as f64 / n as f64;
         assert!((frac - 0.8).abs() < 0.015, "{frac}");
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        // Logits 0..8 minus 4; the prompt is [7, 2, 2], the completion so far [5, 5, 1].
+        let logits: Vec<f32> = (0..8).map(|i| i as f32 - 4.0).collect();
+        let ids = [7u32, 2, 2, 5, 5, 1];
+        let cfg = |theta, pres, freq| Sampling {
+            repetition_penalty: theta,
+            presence_penalty: pres,
+            frequency_penalty: freq,
+            ..Sampling::GREEDY
+        };
+        let mut l = logits.clone();
+        Sampler::new(cfg(2.0, 0.0, 0.0), 8).penalize(&mut l, &ids, 3);
+        // Seen: 7 (3 → 1.5), 2 (-2 → -4), 5 (1 → 0.5), 1 (-3 → -6); once each however often.
+        assert_eq!(l, [-4.0, -6.0, -4.0, -1.0, 0.0, 0.5, 2.0, 1.5]);
+        let mut l = logits.clone();
+        Sampler::new(cfg(1.0, 0.5, 0.25), 8).penalize(&mut l, &ids, 3);
+        // Only the completion counts: 5 twice (1 - 2·0.25 - 0.5 = 0), 1 once (-3 - 0.75).
+        assert_eq!(l, [-4.0, -3.75, -2.0, -1.0, 0.0, 0.0, 2.0, 3.0]);
+        // Greedy after them: the repetition penalty takes 7 below 6.
+        let mut s = Sampler::new(cfg(2.0, 0.0, 0.0), 8);
+        assert_eq!(s.sample_after(&logits, &ids, 3), 6);
+        assert_eq!(Sampler::new(Sampling::GREEDY, 8).sample_after(&logits, &ids, 3), 7);
+        // The marks are cleared: the same call again gives the same.
+        assert_eq!(s.sample_after(&logits, &ids, 3), 6);
     }
 }

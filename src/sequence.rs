@@ -88,7 +88,7 @@ impl Sequence {
 
     /// Chooses the next token from [`Sequence::logits`] and appends it.
     pub fn sample(&mut self) -> u32 {
-        let id = self.sampler.sample(&self.logits);
+        let id = self.sampler.sample_after(&self.logits, &self.ids, self.prompt_len);
         self.ids.push(id);
         id
     }

@@ -255,11 +255,19 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         q.extend_from_slice(&p2.ids[60 + i..64 + 2 * i]);
         q
     };
-    let sampled = Sampling { temperature: 0.8, top_k: Some(40), top_p: Some(0.95), seed: 42 };
+    let sampled = Sampling {
+        temperature: 0.8,
+        top_k: Some(40),
+        top_p: Some(0.95),
+        seed: 42,
+        repetition_penalty: 1.2,
+        presence_penalty: 0.3,
+        frequency_penalty: 0.2,
+    };
     for sampling in [Sampling::GREEDY, sampled] {
         // The single-sequence path: `generate`, for ids and the logprobs' source.
         let opts = GenerateOptions { max_new_tokens: 12, sampling, stop_at_eos: false, use_cache: true };
-        let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(())).unwrap().generated_ids;
+        let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap().generated_ids;
         let start = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes });
         let (engine, thread) = start(16 << 20);
         let cold = answer(submit(&engine, &question(0), 12, sampling));
@@ -309,7 +317,7 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
         q.extend_from_slice(&p2.ids[60 + 3 * i..63 + 3 * i]);
         q
     };
-    let sampling = Sampling { temperature: 0.7, top_k: None, top_p: None, seed: 9 };
+    let sampling = Sampling { temperature: 0.7, seed: 9, ..Sampling::GREEDY };
     let spawn = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes });
     let (engine, thread) = spawn(16 << 20);
     let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();

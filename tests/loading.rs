@@ -273,7 +273,7 @@ fn context_overflow_is_an_error_before_any_work() {
     assert_mentions(&err.to_string(), &["prompt of 100 tokens + 30 new tokens exceeds the model's 128 positions"]);
     // 29 fit: the last new token is sampled, never fed, so 100 + 28 positions are run.
     let opts = kvgpt::GenerateOptions { max_new_tokens: 29, stop_at_eos: false, ..Default::default() };
-    let g = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| Ok(())).unwrap();
+    let g = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap();
     assert_eq!(g.generated_ids.len(), 29);
     // The cache refuses positions past its capacity with a typed error.
     let cfg = &loaded.model.config;
@@ -420,7 +420,7 @@ fn finite_weights_that_overflow_give_an_error_not_garbage() {
     let dir = variant(&t);
     let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
     let opts = kvgpt::GenerateOptions::default();
-    let err = kvgpt::generate(&loaded.model, &[464, 3797], &opts, &mut |_, _| Ok(())).unwrap_err();
+    let err = kvgpt::generate(&loaded.model, &[464, 3797], &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap_err();
     assert!(matches!(err, Error::NonFiniteLogits { position: 1, .. }), "{err}");
     assert_mentions(&err.to_string(), &["not finite", "overflowed f32"]);
     // verify cache says so too, instead of blaming the cache.

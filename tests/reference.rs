@@ -97,7 +97,7 @@ fn greedy_continuations_match_cached_and_uncached() {
                 use_cache,
                 ..GenerateOptions::default()
             };
-            let g = generate(&loaded.model, &p.ids, &opts, &mut |_, _| Ok(())).unwrap();
+            let g = generate(&loaded.model, &p.ids, &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap();
             assert_eq!(g.generated_ids, p.greedy_ids, "{} greedy (cache: {use_cache})", p.key);
             assert_eq!(loaded.tokenizer.decode(&g.generated_ids), p.greedy_text, "{} text", p.key);
         }

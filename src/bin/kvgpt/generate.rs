@@ -3,7 +3,10 @@
 use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use kvgpt::{generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, StreamDecoder, Tokenizer};
+use kvgpt::stop::StopMatcher;
+use kvgpt::{
+    generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, Step, StreamDecoder, Tokenizer,
+};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
@@ -19,7 +22,7 @@ pub struct GenerateArgs {
     #[arg(long, short = 'n', default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_new_tokens: u32,
     /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
-    #[arg(long, allow_negative_numbers = true)]
+    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Sample only from the K most likely tokens.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
@@ -30,6 +33,19 @@ pub struct GenerateArgs {
     /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// HF's repetition penalty θ > 0 (1 = off): every token already in the text, prompt
+    /// included, has its logit divided by θ if positive, multiplied by it if not. Greedy too.
+    #[arg(long, default_value_t = 1.0, value_name = "THETA")]
+    pub repetition_penalty: f32,
+    /// OpenAI's presence penalty in [-2, 2]: taken once off every token generated so far.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in [-2, 2]: taken off a token once per time it was generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Stop where the generated text first contains STR (cut before it; repeatable).
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
     /// Keep generating after <|endoftext|>.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -60,9 +76,68 @@ fn sampling(a: &GenerateArgs) -> Result<Sampling> {
             bail!("--top-p must be in (0, 1], got {p}");
         }
     }
+    if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
+        bail!("--repetition-penalty must be a number > 0 (1 = off), got {}", a.repetition_penalty);
+    }
+    for (flag, v) in [("--presence-penalty", a.presence_penalty), ("--frequency-penalty", a.frequency_penalty)] {
+        if !(-2.0..=2.0).contains(&v) {
+            bail!("{flag} must be in [-2, 2] (0 = off), got {v}");
+        }
+    }
+    if a.stop.iter().any(String::is_empty) {
+        bail!("--stop needs a non-empty string");
+    }
     let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
     let temperature = if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 };
-    Ok(Sampling { temperature, top_k: a.top_k.map(|k| k as usize), top_p: a.top_p, seed: a.seed })
+    Ok(Sampling {
+        temperature,
+        top_k: a.top_k.map(|k| k as usize),
+        top_p: a.top_p,
+        seed: a.seed,
+        repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+    })
+}
+
+/// The sampler settings as `--json` and the stats line report them.
+fn sampler_json(s: &Sampling) -> Value {
+    json!({
+        "mode": if s.is_greedy() { "greedy" } else { "sampled" },
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+    })
+}
+
+/// The sampler settings in a few words, for the stats line.
+fn sampler_words(s: &Sampling) -> String {
+    let mut w = if s.is_greedy() {
+        "greedy".to_string()
+    } else {
+        let mut w = format!("sampled T={} seed={}", s.temperature, s.seed);
+        if let Some(k) = s.top_k {
+            w += &format!(" top-k={k}");
+        }
+        if let Some(p) = s.top_p {
+            w += &format!(" top-p={p}");
+        }
+        w
+    };
+    if s.repetition_penalty != 1.0 {
+        w += &format!(" repetition-penalty={}", s.repetition_penalty);
+    }
+    if s.presence_penalty != 0.0 {
+        w += &format!(" presence-penalty={}", s.presence_penalty);
+    }
+    if s.frequency_penalty != 0.0 {
+        w += &format!(" frequency-penalty={}", s.frequency_penalty);
+    }
+    w
 }
 
 /// One generated token with its log-probability and the most likely alternatives (the server's
@@ -111,27 +186,38 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         write!(stdout, "{prompt}").and_then(|_| stdout.flush()).map_err(crate::out::error)?;
     }
     let mut logprobs = Vec::new();
+    let mut stops = StopMatcher::new(a.stop.clone());
+    let mut text = String::new(); // what was shown: the generated text, cut at a stop sequence
+    let mut emit = |t: &str, stdout: &mut std::io::StdoutLock| -> kvgpt::Result<()> {
+        text.push_str(t);
+        if a.json || t.is_empty() {
+            return Ok(());
+        }
+        write!(stdout, "{t}")
+            .and_then(|_| stdout.flush())
+            .map_err(|source| kvgpt::Error::Write { what: "standard output".into(), source })
+    };
     let g = generate_from(model, &mut seq, &opts, &mut |id, logits| {
         if let Some(k) = a.logprobs {
             logprobs.push(logprob_entry(tok, id, logits, k));
         }
-        if a.json || (opts.stop_at_eos && id == eos) {
-            return Ok(());
+        if opts.stop_at_eos && id == eos {
+            return Ok(Step::Go); // the loop ends here; the text ends without it
         }
-        let text = stream.push(tok.token_bytes(id));
-        write!(stdout, "{text}")
-            .and_then(|_| stdout.flush())
-            .map_err(|source| kvgpt::Error::Write { what: "standard output".into(), source })
+        let (t, stopped) = stops.push(&stream.push(tok.token_bytes(id)));
+        emit(&t, &mut stdout)?;
+        Ok(if stopped { Step::Stop } else { Step::Go })
     })?;
+    if g.finish_reason != FinishReason::Stop {
+        let (mut t, _) = stops.push(&stream.finish());
+        t.push_str(&stops.finish());
+        emit(&t, &mut stdout)?;
+    }
     if let Some(file) = &a.prompt_cache {
         if saved_ids.as_deref() != Some(&ids[..]) {
             prompt_file::save(file, model, &ids, seq.cache())?;
         }
     }
-    let shown: &[u32] = match g.finish_reason {
-        FinishReason::Eos => &g.generated_ids[..g.generated_ids.len() - 1],
-        FinishReason::Length => &g.generated_ids,
-    };
     let t = &g.timings;
     let prefill_ms = t.prefill.as_secs_f64() * 1e3;
     let decode_ms = t.decode.as_secs_f64() * 1e3;
@@ -141,8 +227,13 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             "prompt": prompt,
             "prompt_ids": g.prompt_ids,
             "generated_ids": g.generated_ids,
-            "text": tok.decode(shown),
+            "text": text,
             "finish_reason": g.finish_reason.as_str(),
+            "sampler": sampler_json(&opts.sampling),
+            "stop": a.stop,
+            "dtype": model.weights_dtype(),
+            "threads": rayon::current_num_threads(),
+            "isa": model.isa().name(),
             "use_cache": opts.use_cache,
             "prompt_cache": a.prompt_cache.as_ref().map(|f| json!({"file": f, "reused_tokens": reused})),
             "timings": {
@@ -160,7 +251,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         drop(stdout);
         print_json(&out)?;
     } else {
-        writeln!(stdout, "{}", stream.finish())?;
+        writeln!(stdout)?;
         drop(stdout);
         if a.logprobs.is_some() {
             errln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
@@ -189,12 +280,16 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let per_tok = if t.decode_steps > 0 { decode_ms / t.decode_steps as f64 } else { 0.0 };
     errln!(
         "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
-         {per_tok:.2} ms/token ({:.1} tok/s) | {} | finish: {}",
+         {per_tok:.2} ms/token ({:.1} tok/s) | {} | {} | {} {} threads {} | finish: {}",
         t.prefill_tokens,
         t.prefill_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
         t.decode_steps,
         t.decode_tokens_per_s(),
         if opts.use_cache { "KV cache on" } else { "KV cache off (recompute)" },
+        sampler_words(&opts.sampling),
+        model.weights_dtype(),
+        rayon::current_num_threads(),
+        model.isa().name(),
         g.finish_reason.as_str(),
     );
     Ok(Outcome::Done)

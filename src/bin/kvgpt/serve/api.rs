@@ -71,6 +71,9 @@ pub struct Params {
     pub top_p: f32,
     pub top_k: usize,
     pub seed: u64,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub repetition_penalty: f32,
     pub stop: Vec<String>,
     pub echo: bool,
     /// Alternatives per token (completions: `logprobs: N`; chat: `top_logprobs` with `logprobs: true`).
@@ -204,11 +207,12 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) ->
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => return Err(ApiError::bad("model", format!("`model` must be a string, got {}", kind(v)))),
     };
-    for key in ["presence_penalty", "frequency_penalty"] {
-        if num(m, key, |x| (-2.0..=2.0).contains(&x), "between -2 and 2")?.is_some_and(|x| x != 0.0) {
-            return Err(ApiError::bad(key, format!("`{key}` other than 0 is not supported by this server")));
-        }
-    }
+    let penalty =
+        |key| Ok::<_, ApiError>(num(m, key, |x| (-2.0..=2.0).contains(&x), "between -2 and 2")?.unwrap_or(0.0) as f32);
+    let (presence_penalty, frequency_penalty) = (penalty("presence_penalty")?, penalty("frequency_penalty")?);
+    // HF's repetition penalty, as vLLM and TGI accept it beside the OpenAI fields.
+    let repetition_penalty =
+        num(m, "repetition_penalty", |x| x > 0.0 && x <= 10.0, "in (0, 10]")?.unwrap_or(1.0) as f32;
     int(m, "best_of", 1, 1)?; // only the default
     let stream_options = match field(m, "stream_options") {
         None => None,
@@ -243,6 +247,9 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) ->
         top_p: num(m, "top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?.unwrap_or(1.0) as f32,
         top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.map_or(0, |k| k.max(0) as usize),
         seed: int(m, "seed", 0, i64::MAX)?.unwrap_or(0) as u64,
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
         stop: stop(m)?,
         echo: false,
         logprobs: None,

@@ -492,6 +492,9 @@ fn sampling(p: &Params, j: usize) -> Sampling {
         top_k: (p.top_k > 0).then_some(p.top_k),
         top_p: (p.top_p < 1.0).then_some(p.top_p),
         seed: p.seed.wrapping_add(j as u64),
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
     }
 }
 
