@@ -2,6 +2,37 @@
 //!
 //! Data flow: text → [`Tokenizer`] → ids → [`Model::forward`] (writes K/V into a [`KvCache`],
 //! reports named points to a [`Tap`]) → logits → [`Sampler`] → next id, looped by [`generate()`].
+//!
+//! ```
+//! use kvgpt::{generate, GenerateOptions, KvCache, Point, Recorder, Scratch, Step};
+//!
+//! // Any folder with config.json, model.safetensors and tokenizer.json (`Locate` resolves Hub ids).
+//! let loaded = kvgpt::load(&kvgpt::hub::local_folder("tests/fixtures/tiny-gpt2".as_ref())?)?;
+//! let (model, tok) = (&loaded.model, &loaded.tokenizer);
+//! let ids = tok.encode("The cat sat on")?;
+//!
+//! // Greedy generation with the KV cache (the callback sees each token as it comes).
+//! let opts = GenerateOptions { max_new_tokens: 5, ..GenerateOptions::default() };
+//! let g = generate(model, &ids, &opts, &mut |_id, _logits| Ok(Step::Go))?;
+//! println!("{}", tok.decode(&g.generated_ids));
+//!
+//! // One forward pass with a tap: layer 0's attention weights, [NH, T, T].
+//! let mut tap = Recorder::only(|p| p == Point::AttnProbs(0));
+//! let mut logits = vec![0.0; model.config.vocab_size];
+//! let (mut cache, mut scratch) = (KvCache::new(&model.config), Scratch::new(&model.config, ids.len()));
+//! model.forward(&ids, &mut cache, &mut scratch, &mut tap, &mut logits)?;
+//! let probs = tap.last(Point::AttnProbs(0)).unwrap();
+//! assert_eq!(probs.shape, [model.config.n_head, ids.len(), ids.len()]);
+//!
+//! // Both as Hugging Face transformers computed them on this fixture (its reference.json).
+//! let reference: serde_json::Value =
+//!     serde_json::from_slice(&std::fs::read("tests/fixtures/tiny-gpt2/reference.json")?)?;
+//! let hf_greedy = &reference["prompts"][0]["greedy"]["ids"];
+//! for (i, id) in g.generated_ids.iter().enumerate() {
+//!     assert_eq!(hf_greedy[i].as_u64(), Some(*id as u64));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod bench;
 pub mod checkpoint;

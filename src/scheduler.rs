@@ -1,6 +1,6 @@
 //! The serving engine: one thread that owns the model's run state and steps every running
 //! sequence together. The HTTP side and the engine meet at one narrow interface: a [`Request`]
-//! goes in through [`Engine::submit`]'s channel, a stream of [`Event`]s comes out through the
+//! goes in as a [`Command`] on the channel [`spawn`] returns, a stream of [`Event`]s comes out through the
 //! request's [`Client`].
 //!
 //! Each step: admit waiting requests while a slot is free (each starts from the longest prefix
