@@ -35,6 +35,7 @@
 //! ```
 
 pub mod bench;
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

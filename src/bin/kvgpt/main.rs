@@ -19,6 +19,7 @@ macro_rules! errln {
 }
 
 mod bench;
+mod chat;
 mod generate;
 mod info;
 mod inspect;
@@ -80,6 +81,8 @@ struct Cli {
 enum Cmd {
     /// Continue a prompt, streaming the text as tokens arrive (greedy unless a sampling flag is given).
     Generate(generate::GenerateArgs),
+    /// Talk with the model turn by turn, keeping the KV cache between turns (/help for commands).
+    Chat(chat::ChatArgs),
     /// Show the token ids and pieces of a text (--json: {"ids", "tokens", "pieces"}).
     Tokenize(Input),
     /// Look inside the forward pass: tokens, embeddings, attention, logits, the KV cache.
@@ -225,7 +228,7 @@ impl Cmd {
     /// The flag that sets how many tokens a command adds after the prompt, if it has one.
     fn new_tokens_flag(&self) -> Option<&'static str> {
         match self {
-            Cmd::Generate(_) => Some("--max-new-tokens"),
+            Cmd::Generate(_) | Cmd::Chat(_) => Some("--max-new-tokens"),
             Cmd::Verify(_) => Some("--steps"),
             Cmd::Bench(_) => Some("-n"),
             Cmd::Serve(_) => Some("max_tokens"),
@@ -280,6 +283,7 @@ fn run(cli: Cli) -> Result<Outcome> {
     match cli.cmd {
         Cmd::Generate(a) => with_threads(&a.model, || generate::run(&a)),
         Cmd::Tokenize(a) => generate::tokenize(&a),
+        Cmd::Chat(a) => with_threads(&a.model, || chat::run(&a)),
         Cmd::Inspect(c) => {
             let m = c.model_args().clone();
             with_threads(&m, || inspect::run(c))

@@ -1,0 +1,305 @@
+//! `kvgpt chat` through a pseudo-terminal (util-linux `script` runs it on one, as a user's shell
+//! would): answers equal HF's greedy continuations of the same conversation ids
+//! (tests/fixtures/sampling_reference.json), each turn reuses the cache of the ones before, /save
+//! and /load carry a conversation to another session with the same next answer, Ctrl-C stops an
+//! answer but not the session, and ends the session at the prompt.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A `kvgpt chat` on a pseudo-terminal, and everything it has written so far.
+struct Session {
+    child: Child,
+    stdin: ChildStdin,
+    out: Arc<Mutex<Vec<u8>>>,
+    /// How much of `out` earlier waits consumed.
+    seen: usize,
+}
+
+impl Session {
+    fn start(args: &[&str]) -> Session {
+        let mut cmd = vec![env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
+        cmd.extend(args.iter().map(|a| format!("'{a}'")));
+        let mut child = Command::new("script")
+            .args(["-qfec", &cmd.join(" "), "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("util-linux `script` runs a command on a pseudo-terminal");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink = out.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Session { child, stdin, out, seen: 0 }
+    }
+
+    /// Waits until the output after what was seen holds `what`; returns the text up to its end.
+    fn wait_for(&mut self, what: &str) -> String {
+        let start = Instant::now();
+        loop {
+            let text = String::from_utf8_lossy(&self.out.lock().unwrap()[self.seen..]).into_owned();
+            if let Some(at) = text.find(what) {
+                self.seen += at + what.len();
+                return text[..at + what.len()].to_string();
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "no {what:?} in {text:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn send(&mut self, text: &str) {
+        self.stdin.write_all(text.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn exit_code(mut self) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s.code();
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "the session did not end");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn chat_reference() -> Vec<Value> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling_reference.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    v["chat"].as_array().unwrap().clone()
+}
+
+/// The stats line of a turn: (reused, computed).
+fn stats(text: &str) -> (usize, usize) {
+    let line = text.lines().find(|l| l.contains("[kvgpt] reused ")).unwrap_or_else(|| panic!("no stats in {text:?}"));
+    let num = |after: &str| -> usize {
+        let rest = &line[line.find(after).unwrap() + after.len()..];
+        rest.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    (num("reused "), num("computed "))
+}
+
+#[test]
+fn turns_keep_the_cache_and_answer_as_hf() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("talk.kvc").to_string_lossy().into_owned();
+    let turns = chat_reference();
+    let mut s = Session::start(&["--model", &m, "-n", "8"]);
+    s.wait_for("> ");
+    let mut before = 0;
+    for t in &turns {
+        s.send(&format!("{}\n", t["line"].as_str().unwrap()));
+        let text = s.wait_for("ended: ");
+        // The answer as HF's greedy tokens decode, on the line after the echoed input.
+        let answer = t["answer_text"].as_str().unwrap();
+        assert!(text.contains(&format!("{answer}\r\n")), "{answer:?} in {text:?}");
+        let turn_len = t["turn_ids"].as_array().unwrap().len();
+        // Everything before this turn is reused but the last answer token (never fed), which is
+        // computed with the turn's own tokens.
+        let want = if before == 0 { (0, turn_len) } else { (before - 1, turn_len + 1) };
+        assert_eq!(stats(&text), want, "{text}");
+        assert_eq!(t["ids_before_answer"].as_u64().unwrap() as usize, before + turn_len);
+        before += turn_len + t["answer_ids"].as_array().unwrap().len();
+        s.wait_for("> ");
+    }
+    s.send("/stats\n");
+    let text = s.wait_for("positions left)");
+    assert!(text.contains(&format!("({before} tokens in the conversation, {} with K/V cached", before - 1)), "{text}");
+    s.wait_for("> ");
+    s.send(&format!("/save {saved}\n"));
+    s.wait_for(&format!("(saved {before} tokens and their K/V to {saved})"));
+    s.wait_for("> ");
+    s.send("And then?\n");
+    let first = s.wait_for("ended: ");
+    s.wait_for("> ");
+    s.send("/quit\n");
+    assert_eq!(s.exit_code(), Some(0));
+
+    // Another session: /load the saved conversation, and the same turn gets the same answer,
+    // reusing every saved position.
+    let mut s = Session::start(&["--model", &m, "-n", "8"]);
+    s.wait_for("> ");
+    s.send(&format!("/load {saved}\n"));
+    s.wait_for(&format!("(loaded {before} tokens and their K/V from {saved}"));
+    s.wait_for("> ");
+    s.send("And then?\n");
+    let again = s.wait_for("ended: ");
+    let answer = |t: &str| t.lines().nth(1).map(str::to_string);
+    assert_eq!(answer(&again), answer(&first), "{again:?} vs {first:?}");
+    // /save fed the last answer token, so both sessions reuse every position of the conversation.
+    assert_eq!(stats(&first).0, before);
+    assert_eq!(stats(&again), stats(&first));
+    s.wait_for("> ");
+    s.send("/reset\n");
+    s.wait_for("(the conversation and its cache are cleared)");
+    s.wait_for("> ");
+    // Ctrl-C at the prompt ends the session, as in a shell.
+    s.send("\x03");
+    assert_eq!(s.exit_code(), Some(130));
+}
+
+/// A random GPT-2 with a long context and no way to end a line or the text (the rows of `wte`
+/// for every token holding a newline, and for `<|endoftext|>`, are zero, so greedy never picks
+/// them): its answers run on for seconds, long enough to interrupt.
+fn long_winded_model(dir: &std::path::Path) {
+    let (c, l, p, v, f) = (128usize, 2usize, 1024usize, 50257usize, 512usize);
+    let config = serde_json::json!({
+        "model_type": "gpt2", "n_embd": c, "n_layer": l, "n_head": 4, "n_positions": p, "vocab_size": v,
+        "n_inner": f, "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(fixture_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let tok = kvgpt::Tokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut rand = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+            })
+            .collect()
+    };
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut wte = rand(v * c, 0.3);
+    for id in 0..v as u32 {
+        if id == 50256 || tok.token_bytes(id).contains(&b'\n') {
+            wte[id as usize * c..(id as usize + 1) * c].fill(0.0);
+        }
+    }
+    tensors.push(("wte.weight".into(), vec![v, c], wte));
+    tensors.push(("wpe.weight".into(), vec![p, c], rand(p * c, 0.1)));
+    for i in 0..l {
+        for (name, shape) in [
+            ("ln_1.weight", vec![c]),
+            ("ln_1.bias", vec![c]),
+            ("attn.c_attn.weight", vec![c, 3 * c]),
+            ("attn.c_attn.bias", vec![3 * c]),
+            ("attn.c_proj.weight", vec![c, c]),
+            ("attn.c_proj.bias", vec![c]),
+            ("ln_2.weight", vec![c]),
+            ("ln_2.bias", vec![c]),
+            ("mlp.c_fc.weight", vec![c, f]),
+            ("mlp.c_fc.bias", vec![f]),
+            ("mlp.c_proj.weight", vec![f, c]),
+            ("mlp.c_proj.bias", vec![c]),
+        ] {
+            let n = shape.iter().product();
+            let data = if name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") {
+                vec![1.0; n]
+            } else {
+                rand(n, 0.1)
+            };
+            tensors.push((format!("h.{i}.{name}"), shape, data));
+        }
+    }
+    tensors.push(("ln_f.weight".into(), vec![c], vec![1.0; c]));
+    tensors.push(("ln_f.bias".into(), vec![c], vec![0.0; c]));
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        tensors.into_iter().map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(n, s, d)| {
+            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn ctrl_c_stops_an_answer_not_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    long_winded_model(dir.path());
+    let m = dir.path().to_string_lossy().into_owned();
+    let mut s = Session::start(&["--model", &m, "-n", "1000", "-t", "1"]);
+    s.wait_for("> ");
+    s.send("Tell me everything\n");
+    s.wait_for("Tell me everything\r\n"); // the echo
+                                          // As soon as the answer streams, interrupt it.
+    let start = Instant::now();
+    while s.out.lock().unwrap().len() <= s.seen + 20 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no answer");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    s.send("\x03");
+    let text = s.wait_for("ended: Ctrl-C");
+    assert!(text.contains(" [stopped]\r\n"), "{text:?}");
+    let (_, computed) = stats(&text);
+    assert!(computed > 0);
+    let answered = text.split("answer ").nth(1).unwrap().split(' ').next().unwrap().parse::<usize>().unwrap();
+    assert!(answered < 1000 - 8, "the answer was cut short: {answered} tokens");
+    // The session goes on: the next turn reuses the whole interrupted conversation.
+    s.wait_for("> ");
+    s.send("Go on\n");
+    s.wait_for("Go on\r\n");
+    s.send("\x03");
+    let text = s.wait_for("ended: ");
+    let (reused, _) = stats(&text);
+    assert!(reused > answered, "{text}");
+    s.wait_for("> ");
+    s.send("/quit\n");
+    assert_eq!(s.exit_code(), Some(0));
+}
+
+#[test]
+fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    // Without --keep: once the 128 positions are used, a turn is refused with the options and
+    // the session goes on.
+    let mut s = Session::start(&["--model", &m, "-n", "60"]);
+    s.wait_for("> ");
+    for _ in 0..2 {
+        s.send("Hello there\n");
+        s.wait_for("ended: ");
+        s.wait_for("> ");
+    }
+    s.send("One more\n");
+    let text = s.wait_for("> ");
+    assert!(
+        text.contains("error: the context is full: this turn needs")
+            && text.contains("/reset starts over; /save FILE keeps this conversation first; or restart with --keep N"),
+        "{text}"
+    );
+    s.send("/reset\n");
+    s.wait_for("> ");
+    s.send("Hello again\n");
+    let text = s.wait_for("ended: ");
+    assert_eq!(stats(&text).0, 0, "{text}");
+    s.wait_for("> ");
+    s.send("/quit\n");
+    assert_eq!(s.exit_code(), Some(0));
+    // With --keep 40: the last 40 tokens are kept and computed again from position 0.
+    let mut s = Session::start(&["--model", &m, "-n", "60", "--keep", "40"]);
+    s.wait_for("> ");
+    for _ in 0..2 {
+        s.send("Hello there\n");
+        s.wait_for("ended: ");
+        s.wait_for("> ");
+    }
+    s.send("One more\n");
+    let text = s.wait_for("ended: ");
+    assert!(text.contains("the context was full: kept the last 40 tokens and computed their K/V again"), "{text}");
+    assert_eq!(stats(&text).0, 40, "{text}");
+    s.wait_for("> ");
+    s.send("/quit\n");
+    assert_eq!(s.exit_code(), Some(0));
+}
