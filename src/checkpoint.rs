@@ -330,7 +330,7 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
 }
 
 /// Reads exactly `buf.len()` bytes at `offset` (an `UnexpectedEof` error if the file is shorter).
-fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+pub(crate) fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
     #[cfg(unix)]
     {
         std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
@@ -377,4 +377,50 @@ pub fn expected(cfg: &Config) -> Vec<(String, Vec<(&'static str, usize)>)> {
     out.push(("ln_f.weight".into(), vec![("n_embd", c)]));
     out.push(("ln_f.bias".into(), vec![("n_embd", c)]));
     out
+}
+
+/// Where a model's tensors come from: a safetensors checkpoint or a GGUF file, seen through the
+/// same names (Hugging Face's, without `transformer.`) and layouts.
+pub enum Weights {
+    Safetensors(Checkpoint),
+    Gguf(crate::gguf::Gguf),
+}
+
+impl Weights {
+    /// Opens `weights` (GGUF when its first bytes say so) and returns it with the config: from
+    /// `config` for safetensors, from the GGUF's metadata otherwise. Checked against each other.
+    pub fn open(config: &Path, weights: &Path) -> Result<(Config, Weights)> {
+        if crate::gguf::is_gguf(weights) {
+            let g = crate::gguf::Gguf::open(weights)?;
+            let cfg = g.config()?;
+            g.check(&cfg)?;
+            return Ok((cfg, Weights::Gguf(g)));
+        }
+        let cfg = Config::from_file(config)?;
+        let ck = Checkpoint::open(weights)?;
+        ck.check(&cfg)?;
+        Ok((cfg, Weights::Safetensors(ck)))
+    }
+
+    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
+        match self {
+            Weights::Safetensors(ck) => ck.tensor(name, want),
+            Weights::Gguf(g) => Ok(g.tensor(name, want)?.0),
+        }
+    }
+
+    /// Streams the rows of tensor `name` to `f`; returns the stored type's name.
+    pub fn tensor_rows(&self, name: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
+        match self {
+            Weights::Safetensors(ck) => ck.tensor_rows(name, want, f).map(Stored::name),
+            Weights::Gguf(g) => {
+                let (data, kind) = g.tensor(name, want)?;
+                let row: usize = want.iter().skip(1).product();
+                for (i, r) in data.chunks(row.max(1)).enumerate() {
+                    f(i, r);
+                }
+                Ok(kind)
+            }
+        }
+    }
 }

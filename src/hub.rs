@@ -21,14 +21,19 @@ pub struct ModelFiles {
 #[derive(Clone, Debug)]
 pub enum TokenizerFiles {
     Json(PathBuf),
-    VocabMerges { vocab: PathBuf, merges: PathBuf },
+    VocabMerges {
+        vocab: PathBuf,
+        merges: PathBuf,
+    },
+    /// The vocabulary and merges in a GGUF file's metadata.
+    Gguf(PathBuf),
 }
 
 impl TokenizerFiles {
     /// The files read.
     pub fn paths(&self) -> Vec<PathBuf> {
         match self {
-            TokenizerFiles::Json(p) => vec![p.clone()],
+            TokenizerFiles::Json(p) | TokenizerFiles::Gguf(p) => vec![p.clone()],
             TokenizerFiles::VocabMerges { vocab, merges } => vec![vocab.clone(), merges.clone()],
         }
     }
@@ -65,10 +70,21 @@ impl Locate {
         if path.is_dir() {
             return local_folder(path);
         }
+        if path.is_file() && crate::gguf::is_gguf(path) {
+            // A GGUF holds the config, the weights and the tokenizer in one file.
+            let p = path.to_path_buf();
+            return Ok(ModelFiles {
+                name: spec.into(),
+                config: p.clone(),
+                weights: p.clone(),
+                tokenizer: TokenizerFiles::Gguf(p),
+            });
+        }
         if path.exists() {
             return Err(Error::NotAModel {
                 spec: spec.into(),
-                why: "it is a file; a model is the folder that holds config.json, model.safetensors and tokenizer.json"
+                why: "it is a file but not a GGUF; a model is a GGUF file or the folder that holds config.json, \
+                      model.safetensors and tokenizer.json"
                     .into(),
             });
         }

@@ -2,9 +2,9 @@
 //! in each storage type, the KV cache's bytes, its tokenizer and the kernels' instruction set.
 //! Reads the config, the weights file's header and the tokenizer; not the weights.
 
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, Weights};
 use crate::error::Result;
-use crate::{Config, KvCache, Model, ModelFiles, Tokenizer, WeightType};
+use crate::{KvCache, Model, ModelFiles, Tokenizer, WeightType};
 use kvgpt_kernels::Isa;
 use serde::Serialize;
 
@@ -78,9 +78,7 @@ pub struct KernelFacts {
 
 /// Describes the model in `files`, checking its weights file's header against its config.
 pub fn describe(files: &ModelFiles) -> Result<Info> {
-    let cfg = Config::from_file(&files.config)?;
-    let ck = Checkpoint::open(&files.weights)?;
-    ck.check(&cfg)?;
+    let (cfg, _weights) = Weights::open(&files.config, &files.weights)?;
     let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
     let weights_file_bytes = std::fs::metadata(&files.weights).map(|m| m.len()).unwrap_or(0);
     let parameters =

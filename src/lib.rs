@@ -41,6 +41,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod generate;
+pub mod gguf;
 pub mod hub;
 pub mod info;
 pub mod inspect;

@@ -4,7 +4,7 @@
 //! Dimensions: `T` tokens in this call, `P` tokens already cached, `C` channels, `NH` heads,
 //! `HS` head size, `F` MLP width, `V` vocabulary, `R` rows whose logits are wanted.
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::Weights;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
@@ -135,7 +135,7 @@ impl Scratch {
 }
 
 impl Conv1D {
-    fn load(ck: &Checkpoint, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
+    fn load(ck: &Weights, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
         // Streamed row by row into the panels: the f32 matrix never exists whole.
         let mut weight = PackedMatrix::zeros(n_in, n_out, dtype);
         ck.tensor_rows(&format!("{name}.weight"), &[n_in, n_out], |i, row| weight.set_row(i, row))?;
@@ -149,7 +149,7 @@ impl Conv1D {
 }
 
 impl LayerNorm {
-    fn load(ck: &Checkpoint, name: &str, c: usize) -> Result<LayerNorm> {
+    fn load(ck: &Weights, name: &str, c: usize) -> Result<LayerNorm> {
         Ok(LayerNorm {
             weight: ck.tensor(&format!("{name}.weight"), &[c])?,
             bias: ck.tensor(&format!("{name}.bias"), &[c])?,
@@ -178,9 +178,7 @@ impl Model {
     /// Loads the model holding its matrices as `dtype` (converted or quantized at load time;
     /// LayerNorms, biases and `wpe` stay f32).
     pub fn load_as(config_path: &Path, weights_path: &Path, dtype: WeightType) -> Result<Model> {
-        let config = Config::from_file(config_path)?;
-        let ck = Checkpoint::open(weights_path)?;
-        ck.check(&config)?;
+        let (config, ck) = Weights::open(config_path, weights_path)?;
         let (c, f) = (config.n_embd, config.n_inner);
         let v = config.vocab_size;
         // wte (the largest tensor) on one worker while the blocks load on the others.
@@ -217,7 +215,7 @@ impl Model {
             },
         );
         let ((wte, stored), h) = (wte?, h?);
-        let stored_dtype = stored.name().to_string();
+        let stored_dtype = stored.to_string();
         Ok(Model {
             wte,
             no_bias: vec![0.0; v],

@@ -38,6 +38,10 @@ impl Tokenizer {
     pub fn from_files(files: &TokenizerFiles) -> Result<Tokenizer> {
         match files {
             TokenizerFiles::Json(p) => Tokenizer::from_json_file(p),
+            TokenizerFiles::Gguf(p) => {
+                let json = crate::gguf::Gguf::open(p)?.tokenizer_json()?;
+                Tokenizer::from_json_bytes(&json, &format!("{} (its tokenizer metadata)", p.display()))
+            }
             TokenizerFiles::VocabMerges { vocab, merges } => Tokenizer::from_vocab_merges(vocab, merges),
         }
     }

@@ -1,0 +1,413 @@
+//! GPT-2 GGUF files as llama.cpp's `convert_hf_to_gguf.py` writes them (F32, F16, BF16, Q8_0
+//! tensors; versions 2 and 3): the config and the tokenizer from the metadata, the tensors under
+//! their Hugging Face names and layouts, so the model loads through the same path as safetensors.
+//!
+//! The converter stores each Conv1D weight transposed (`[out, in]` rows, ggml's `ne = [in, out]`);
+//! they are transposed back here. Q8_0 blocks (an f16 scale and 32 int8 values along a row)
+//! are widened to f32 exactly (`d · q`); an F32 GGUF gives the safetensors source's bits.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+const MAGIC: &[u8; 4] = b"GGUF";
+/// Limits that keep a corrupt header from asking for absurd allocations.
+const MAX_STRING: u64 = 1 << 20;
+const MAX_ARRAY: u64 = 1 << 24;
+const MAX_TENSORS: u64 = 1 << 16;
+
+/// Whether `path` starts like a GGUF file.
+pub fn is_gguf(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    File::open(path).and_then(|f| read_at(&f, &mut magic, 0)).is_ok() && &magic == MAGIC
+}
+
+/// One metadata value.
+#[derive(Clone, Debug)]
+pub enum Value {
+    Int(i128),
+    Float(f64),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+}
+
+impl Kind {
+    fn of(t: u32) -> Option<Kind> {
+        Some(match t {
+            0 => Kind::F32,
+            1 => Kind::F16,
+            8 => Kind::Q8_0,
+            30 => Kind::Bf16,
+            _ => return None,
+        })
+    }
+
+    /// Bytes of `n` elements (a whole number of blocks for Q8_0).
+    fn bytes(self, n: usize) -> Option<usize> {
+        match self {
+            Kind::F32 => n.checked_mul(4),
+            Kind::F16 | Kind::Bf16 => n.checked_mul(2),
+            Kind::Q8_0 => n.is_multiple_of(32).then(|| n / 32 * 34),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::F32 => "f32",
+            Kind::F16 => "f16",
+            Kind::Bf16 => "bf16",
+            Kind::Q8_0 => "q8_0",
+        }
+    }
+}
+
+struct TensorInfo {
+    /// ggml order: `dims[0]` varies fastest.
+    dims: Vec<usize>,
+    kind: Kind,
+    offset: u64,
+}
+
+/// An open GGUF file: its metadata and where its tensors are.
+pub struct Gguf {
+    file: PathBuf,
+    f: File,
+    pub meta: BTreeMap<String, Value>,
+    tensors: BTreeMap<String, TensorInfo>,
+    data_start: u64,
+}
+
+/// Reads little-endian values from the header bytes, every read checked.
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn take(&mut self, n: usize) -> std::result::Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("the header ends too soon")?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn string(&mut self) -> std::result::Result<String, String> {
+        let n = self.u64()?;
+        if n > MAX_STRING {
+            return Err(format!("a string of {n} bytes"));
+        }
+        String::from_utf8(self.take(n as usize)?.to_vec()).map_err(|_| "a string that is not UTF-8".into())
+    }
+    fn value(&mut self, t: u32, depth: u32) -> std::result::Result<Value, String> {
+        let int = |b: &[u8], signed: bool| -> i128 {
+            let mut v = [0u8; 16];
+            v[..b.len()].copy_from_slice(b);
+            if signed && b.last().is_some_and(|x| x & 0x80 != 0) {
+                v[b.len()..].fill(0xff);
+            }
+            i128::from_le_bytes(v)
+        };
+        Ok(match t {
+            0 | 2 | 4 | 10 => Value::Int(int(self.take([1, 0, 2, 0, 4, 0, 0, 0, 0, 0, 8][t as usize])?, false)),
+            1 | 3 | 5 | 11 => Value::Int(int(self.take([0, 1, 0, 2, 0, 4, 0, 0, 0, 0, 0, 8][t as usize])?, true)),
+            6 => Value::Float(f32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as f64),
+            12 => Value::Float(f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes"))),
+            7 => Value::Bool(self.take(1)?[0] != 0),
+            8 => Value::Str(self.string()?),
+            9 if depth == 0 => {
+                let (et, n) = (self.u32()?, self.u64()?);
+                if n > MAX_ARRAY {
+                    return Err(format!("an array of {n} values"));
+                }
+                (0..n).map(|_| self.value(et, 1)).collect::<std::result::Result<_, _>>().map(Value::Array)?
+            }
+            _ => return Err(format!("a metadata value of type {t}")),
+        })
+    }
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Gguf> {
+        let f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        let corrupt = |reason: String| Error::CorruptWeights { file: path.into(), reason };
+        // The header is the tokenizer's metadata and the tensor list: read up to 16 MiB.
+        let mut head = vec![0u8; len.min(16 << 20) as usize];
+        read_at(&f, &mut head, 0).map_err(|e| Error::io(path, e))?;
+        let mut c = Cursor { b: &head, at: 0 };
+        let parse = |c: &mut Cursor| -> std::result::Result<_, String> {
+            if c.take(4)? != MAGIC {
+                return Err("it does not start with GGUF".into());
+            }
+            let version = c.u32()?;
+            if !(2..=3).contains(&version) {
+                return Err(format!("GGUF version {version} (kvgpt reads 2 and 3)"));
+            }
+            let (n_tensors, n_kv) = (c.u64()?, c.u64()?);
+            if n_tensors > MAX_TENSORS || n_kv > MAX_TENSORS {
+                return Err(format!("{n_tensors} tensors and {n_kv} metadata keys"));
+            }
+            let mut meta = BTreeMap::new();
+            for _ in 0..n_kv {
+                let key = c.string()?;
+                let t = c.u32()?;
+                meta.insert(key, c.value(t, 0)?);
+            }
+            let mut tensors = BTreeMap::new();
+            for _ in 0..n_tensors {
+                let name = c.string()?;
+                let nd = c.u32()?;
+                if nd > 4 {
+                    return Err(format!("tensor `{name}` has {nd} dimensions"));
+                }
+                let dims = (0..nd).map(|_| c.u64().map(|d| d as usize)).collect::<std::result::Result<Vec<_>, _>>()?;
+                let t = c.u32()?;
+                let kind = Kind::of(t).ok_or_else(|| {
+                    format!("tensor `{name}` has ggml type {t}; kvgpt reads F32, F16, BF16 and Q8_0 GGUFs")
+                })?;
+                let offset = c.u64()?;
+                tensors.insert(name, TensorInfo { dims, kind, offset });
+            }
+            Ok((meta, tensors))
+        };
+        let (meta, tensors) = parse(&mut c).map_err(corrupt)?;
+        let align = match meta.get("general.alignment") {
+            Some(Value::Int(a)) if *a > 0 && *a <= 1 << 16 => *a as u64,
+            None => 32,
+            Some(v) => return Err(corrupt(format!("general.alignment is {v:?}"))),
+        };
+        let data_start = (c.at as u64).div_ceil(align) * align;
+        for (name, t) in &tensors {
+            let n = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let end =
+                n.and_then(|n| t.kind.bytes(n)).and_then(|b| data_start.checked_add(t.offset)?.checked_add(b as u64));
+            if end.is_none_or(|e| e > len) {
+                return Err(corrupt(format!("tensor `{name}` lies beyond the end of the file")));
+            }
+        }
+        Ok(Gguf { file: path.into(), f, meta, tensors, data_start })
+    }
+
+    fn int(&self, key: &str) -> Result<usize> {
+        match self.meta.get(key) {
+            Some(Value::Int(v)) if *v >= 0 && *v <= u32::MAX as i128 => Ok(*v as usize),
+            other => Err(self.bad(format!("{key} is {other:?}, not a count"))),
+        }
+    }
+
+    fn bad(&self, reason: String) -> Error {
+        Error::BadConfig { file: self.file.clone(), reason }
+    }
+
+    fn strings(&self, key: &str) -> Result<Vec<&str>> {
+        match self.meta.get(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Value::Str(s) => Ok(s.as_str()),
+                    _ => Err(self.bad(format!("{key} holds a value that is not a string"))),
+                })
+                .collect(),
+            _ => Err(self.bad(format!("{key} is missing; it is not a GGUF with a tokenizer"))),
+        }
+    }
+
+    /// The GPT-2 config the metadata describes (checked as config.json is).
+    pub fn config(&self) -> Result<Config> {
+        match self.meta.get("general.architecture") {
+            Some(Value::Str(a)) if a == "gpt2" => {}
+            other => return Err(self.bad(format!("general.architecture is {other:?}; kvgpt runs gpt2"))),
+        }
+        let eps = match self.meta.get("gpt2.attention.layer_norm_epsilon") {
+            Some(Value::Float(e)) => *e,
+            other => return Err(self.bad(format!("gpt2.attention.layer_norm_epsilon is {other:?}"))),
+        };
+        let json = serde_json::json!({
+            "model_type": "gpt2",
+            "n_layer": self.int("gpt2.block_count")?,
+            "n_embd": self.int("gpt2.embedding_length")?,
+            "n_head": self.int("gpt2.attention.head_count")?,
+            "n_inner": self.int("gpt2.feed_forward_length")?,
+            "n_positions": self.int("gpt2.context_length")?,
+            "vocab_size": self.strings("tokenizer.ggml.tokens")?.len(),
+            "layer_norm_epsilon": eps,
+            "bos_token_id": self.int("tokenizer.ggml.bos_token_id").unwrap_or(50256),
+            "eos_token_id": self.int("tokenizer.ggml.eos_token_id").unwrap_or(50256),
+        });
+        Config::from_json(&json, &self.file)
+    }
+
+    /// The tokenizer's vocabulary and merges as a tokenizer.json document (GPT-2's byte-level
+    /// BPE), for [`crate::Tokenizer::from_json_bytes`].
+    pub fn tokenizer_json(&self) -> Result<Vec<u8>> {
+        match self.meta.get("tokenizer.ggml.model") {
+            Some(Value::Str(m)) if m == "gpt2" => {}
+            other => {
+                return Err(self.bad(format!("tokenizer.ggml.model is {other:?}; kvgpt reads gpt2 (byte-level BPE)")))
+            }
+        }
+        let tokens = self.strings("tokenizer.ggml.tokens")?;
+        let merges = self.strings("tokenizer.ggml.merges")?;
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            tokens.iter().enumerate().map(|(i, t)| (t.to_string(), serde_json::Value::from(i))).collect();
+        let eos = self.int("tokenizer.ggml.eos_token_id").unwrap_or(50256);
+        let special: Vec<serde_json::Value> = tokens
+            .iter()
+            .enumerate()
+            .filter(|&(i, t)| i == eos || (t.starts_with("<|") && t.ends_with("|>")))
+            .map(|(i, t)| {
+                serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+            })
+            .collect();
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        let doc = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": special, "normalizer": null,
+            "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+                "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": merges},
+        });
+        Ok(serde_json::to_vec(&doc).expect("a JSON document serializes"))
+    }
+
+    /// The GGUF name and whether its data is a transposed Conv1D weight, for a Hugging Face name
+    /// (without `transformer.`).
+    fn gguf_name(hf: &str) -> Option<(String, bool)> {
+        let simple = |s: &str| Some((s.to_string(), false));
+        match hf {
+            "wte.weight" => return simple("token_embd.weight"),
+            "wpe.weight" => return simple("position_embd.weight"),
+            "ln_f.weight" => return simple("output_norm.weight"),
+            "ln_f.bias" => return simple("output_norm.bias"),
+            _ => {}
+        }
+        let rest = hf.strip_prefix("h.")?;
+        let (i, part) = rest.split_once('.')?;
+        let (g, t) = match part {
+            "ln_1.weight" => ("attn_norm.weight", false),
+            "ln_1.bias" => ("attn_norm.bias", false),
+            "attn.c_attn.weight" => ("attn_qkv.weight", true),
+            "attn.c_attn.bias" => ("attn_qkv.bias", false),
+            "attn.c_proj.weight" => ("attn_output.weight", true),
+            "attn.c_proj.bias" => ("attn_output.bias", false),
+            "ln_2.weight" => ("ffn_norm.weight", false),
+            "ln_2.bias" => ("ffn_norm.bias", false),
+            "mlp.c_fc.weight" => ("ffn_up.weight", true),
+            "mlp.c_fc.bias" => ("ffn_up.bias", false),
+            "mlp.c_proj.weight" => ("ffn_down.weight", true),
+            "mlp.c_proj.bias" => ("ffn_down.bias", false),
+            _ => return None,
+        };
+        Some((format!("blk.{i}.{g}"), t))
+    }
+
+    /// Tensor `hf` (a Hugging Face name, without `transformer.`) as f32 in HF's layout, which
+    /// must have shape `want`. Returns its values and its stored type's name.
+    pub fn tensor(&self, hf: &str, want: &[usize]) -> Result<(Vec<f32>, &'static str)> {
+        let (name, transposed) =
+            Gguf::gguf_name(hf).ok_or_else(|| Error::MissingTensor { name: hf.into(), file: self.file.clone() })?;
+        let t = self
+            .tensors
+            .get(&name)
+            .ok_or_else(|| Error::MissingTensor { name: name.clone(), file: self.file.clone() })?;
+        // HF shape [a, b] (row-major) is ggml ne = [b, a]; a transposed weight is ne = [a, b].
+        let mut hf_shape: Vec<usize> = t.dims.iter().rev().copied().collect();
+        if transposed {
+            hf_shape.reverse();
+        }
+        if hf_shape != want {
+            return Err(Error::WrongShape {
+                name,
+                file: self.file.clone(),
+                got: hf_shape,
+                want: want.to_vec(),
+                keys: "the metadata's sizes".into(),
+            });
+        }
+        let n: usize = want.iter().product();
+        let mut bytes = vec![0u8; t.kind.bytes(n).expect("checked at open")];
+        read_at(&self.f, &mut bytes, self.data_start + t.offset).map_err(|e| Error::io(&self.file, e))?;
+        let data: Vec<f32> = match t.kind {
+            Kind::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect(),
+            Kind::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Kind::Bf16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Kind::Q8_0 => bytes
+                .chunks_exact(34)
+                .flat_map(|b| {
+                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                    b[2..].iter().map(move |&q| d * q as i8 as f32)
+                })
+                .collect(),
+        };
+        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+            return Err(Error::NonFinite { file: self.file.clone(), name, index: vec![i], value: data[i] });
+        }
+        let data = if transposed && want.len() == 2 {
+            // Stored [out, in] rows: back to HF's [in, out].
+            let (k, m) = (want[0], want[1]);
+            let mut out = vec![0.0f32; n];
+            for o in 0..m {
+                for i in 0..k {
+                    out[i * m + o] = data[o * k + i];
+                }
+            }
+            out
+        } else {
+            data
+        };
+        Ok((data, t.kind.name()))
+    }
+
+    /// Every tensor the config implies is present with its shape, and nothing beyond `n_layer`.
+    pub fn check(&self, cfg: &Config) -> Result<()> {
+        for (name, dims) in crate::checkpoint::expected(cfg) {
+            let (g, transposed) = Gguf::gguf_name(&name).expect("every expected tensor has a GGUF name");
+            let t = self
+                .tensors
+                .get(&g)
+                .ok_or_else(|| Error::MissingTensor { name: g.clone(), file: self.file.clone() })?;
+            let mut got: Vec<usize> = t.dims.iter().rev().copied().collect();
+            if transposed {
+                got.reverse();
+            }
+            let want: Vec<usize> = dims.iter().map(|d| d.1).collect();
+            if got != want {
+                let keys = dims.iter().map(|d| d.0).collect::<Vec<_>>().join(" × ");
+                return Err(Error::WrongShape { name: g, file: self.file.clone(), got, want, keys });
+            }
+        }
+        if let Some(extra) = self.tensors.keys().find(|n| {
+            n.strip_prefix("blk.")
+                .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
+                .is_some_and(|i| i >= cfg.n_layer)
+        }) {
+            return Err(Error::CorruptWeights {
+                file: self.file.clone(),
+                reason: format!("it holds `{extra}`, a block beyond the metadata's block_count of {}", cfg.n_layer),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    crate::checkpoint::read_at(f, buf, offset)
+}

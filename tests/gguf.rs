@@ -1,0 +1,113 @@
+//! GGUF files written by llama.cpp's converter (scripts/make_fixture_gguf.sh) from the fixture:
+//! the F32 one gives the safetensors source's bits, the F16 one the bits of the source held as
+//! f16, Q8_0 tracks HF; the tokenizer comes from the GGUF's metadata and gives HF's ids.
+
+mod common;
+
+use common::*;
+use kvgpt::{KvCache, Model, NoTap, Scratch, WeightType};
+use std::path::PathBuf;
+use std::process::Command;
+
+fn gguf(t: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|f| f.to_bits()).collect()
+}
+
+/// Every position's logits of `ids`.
+fn all_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
+    let mut cache = KvCache::new(&model.config);
+    let mut scratch = Scratch::new(&model.config, ids.len());
+    let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
+    model.forward(ids, &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap();
+    logits
+}
+
+fn load(path: &std::path::Path, ty: WeightType) -> kvgpt::Loaded {
+    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    kvgpt::load_as(&files, ty).unwrap()
+}
+
+#[test]
+fn f32_gguf_gives_the_safetensors_bits_and_hf_ids() {
+    let st = load_fixture();
+    let g = load(&gguf("f32"), WeightType::F32);
+    assert_eq!(g.model.config, st.model.config, "the config from the GGUF metadata");
+    assert_eq!(g.model.weights_dtype(), "f32");
+    let reference = Reference::load();
+    for p in reference.prompts() {
+        assert_eq!(g.tokenizer.encode(&p.text).unwrap(), p.ids, "{}: the GGUF's tokenizer gives HF's ids", p.key);
+        assert_eq!(bits(&all_logits(&g.model, &p.ids)), bits(&all_logits(&st.model, &p.ids)), "{}", p.key);
+        assert_eq!(g.tokenizer.decode(&p.greedy_ids), p.greedy_text);
+    }
+    assert_eq!(g.model.fingerprint(), st.model.fingerprint());
+}
+
+#[test]
+fn f16_gguf_is_the_source_held_as_f16() {
+    let st16 =
+        Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), WeightType::F16)
+            .unwrap();
+    let g = load(&gguf("f16"), WeightType::F32);
+    assert_eq!(g.model.weights_dtype(), "f32");
+    for p in Reference::load().prompts().iter().take(3) {
+        // The converter rounds to f16 as kvgpt does (to nearest even); both then widen exactly.
+        assert_eq!(bits(&all_logits(&g.model, &p.ids)), bits(&all_logits(&st16, &p.ids)), "{}", p.key);
+    }
+}
+
+#[test]
+fn q8_0_gguf_tracks_hf() {
+    let g = load(&gguf("q8_0"), WeightType::F32);
+    let reference = Reference::load();
+    let v = g.model.config.vocab_size;
+    let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
+    for p in reference.prompts() {
+        if let Some((_, want)) = reference.tensor(&format!("{}.logits", p.key)) {
+            let got = all_logits(&g.model, &p.ids);
+            worst = worst.max(max_abs_diff(&got, &want));
+            for r in 0..p.ids.len() {
+                let (a, b) = (&got[r * v..(r + 1) * v], &want[r * v..(r + 1) * v]);
+                agree += usize::from(kvgpt::sampler::argmax(a) == kvgpt::sampler::argmax(b));
+                n += 1;
+            }
+        }
+    }
+    println!("q8_0 GGUF: max |Δlogit| {worst:.3} against HF, top-1 agreement {agree}/{n}");
+    assert!(worst < 0.5 && agree * 10 >= n * 9, "{worst} {agree}/{n}");
+}
+
+#[test]
+fn the_cli_takes_a_gguf_as_model_and_refuses_broken_ones() {
+    let reference = Reference::load();
+    let p = &reference.prompts()[0];
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap();
+    let m = gguf("f32").to_string_lossy().into_owned();
+    let out = run(&["generate", "--model", &m, "-n", "10", "--ignore-eos", "--json", &p.text]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = j["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    assert_eq!(ids, p.greedy_ids[..10]);
+    let out = run(&["info", "--model", &m]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("2 layers, 4 heads × 16 = 64 channels"));
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(gguf("q8_0")).unwrap();
+    for (name, data, says) in [
+        ("cut.gguf", bytes[..bytes.len() / 2].to_vec(), "lies beyond the end of the file"),
+        ("head.gguf", bytes[..100].to_vec(), "the header ends too soon"),
+        ("v9.gguf", [&bytes[..4], &9u32.to_le_bytes()[..], &bytes[8..]].concat(), "GGUF version 9"),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, data).unwrap();
+        let out = run(&["generate", "--model", path.to_str().unwrap(), "x"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && err.contains(says) && !err.contains("panicked"), "{name}: {err}");
+    }
+    let not = dir.path().join("notes.txt");
+    std::fs::write(&not, "hello").unwrap();
+    let err = String::from_utf8_lossy(&run(&["generate", "--model", not.to_str().unwrap(), "x"]).stderr).into_owned();
+    assert!(err.contains("it is a file but not a GGUF"), "{err}");
+}
