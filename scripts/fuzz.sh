@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs every cargo-fuzz target (fuzz/fuzz_targets) for SECONDS each (default 60), from seeds made
+# Runs every cargo-fuzz target (fuzz/fuzz_targets), or those FUZZ_TARGETS names, for SECONDS each (default 60), from seeds made
 # here out of the fixture, and prints executions and crashes per target. Needs the nightly
 # toolchain (rustup toolchain install nightly) and cargo-fuzz (cargo install cargo-fuzz).
 # Exit status 1 if any target found a crash (its input is kept in fuzz/artifacts/TARGET/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
-targets=(safetensors config tokenizer npy prompt_cache request)
+# FUZZ_TARGETS="gguf npy" runs only those.
+read -r -a targets <<< "${FUZZ_TARGETS:-safetensors config tokenizer npy prompt_cache request gguf}"
 fix=tests/fixtures/tiny-gpt2
 corpus=fuzz/corpus
 mkdir -p "$corpus"
@@ -46,6 +47,34 @@ for i, body in enumerate([
     {"prompt": [464, 3797], "n": 2, "seed": 1, "top_p": 0.9, "top_k": 5, "echo": True},
     {"text": "hello"}, {"tokens": [1, 2, 3]}]):
     seed("request", f"body{i}", json.dumps(body).encode())
+# A tiny GPT-2 GGUF (v3): the metadata the reader needs and one layer of 4×4 tensors, in F32.
+def gstr(x): b = x.encode(); return struct.pack("<Q", len(b)) + b
+def kv(k, t, v): return gstr(k) + struct.pack("<I", t) + v
+u32 = lambda x: struct.pack("<I", x)
+toks = ["a", "b", "ab", "<|endoftext|>"]
+meta = [kv("general.architecture", 8, gstr("gpt2")), kv("gpt2.block_count", 4, u32(1)),
+        kv("gpt2.context_length", 4, u32(4)), kv("gpt2.embedding_length", 4, u32(4)),
+        kv("gpt2.feed_forward_length", 4, u32(16)), kv("gpt2.attention.head_count", 4, u32(1)),
+        kv("gpt2.attention.layer_norm_epsilon", 6, struct.pack("<f", 1e-5)),
+        kv("tokenizer.ggml.model", 8, gstr("gpt2")),
+        kv("tokenizer.ggml.tokens", 9, u32(8) + struct.pack("<Q", len(toks)) + b"".join(gstr(t) for t in toks)),
+        kv("tokenizer.ggml.merges", 9, u32(8) + struct.pack("<Q", 1) + gstr("a b")),
+        kv("tokenizer.ggml.eos_token_id", 4, u32(3))]
+shapes = {"token_embd.weight": [4, 4], "position_embd.weight": [4, 4], "output_norm.weight": [4], "output_norm.bias": [4]}
+for n, s in [("attn_norm", [4]), ("attn_qkv", [4, 12]), ("attn_output", [4, 4]), ("ffn_norm", [4]),
+             ("ffn_up", [4, 16]), ("ffn_down", [16, 4])]:
+    shapes[f"blk.0.{n}.weight"] = s
+    shapes[f"blk.0.{n}.bias"] = [s[-1]]
+infos, off, data = b"", 0, b""
+for n, s in shapes.items():
+    count = 1
+    for d in s: count *= d
+    infos += gstr(n) + u32(len(s)) + b"".join(struct.pack("<Q", d) for d in s) + u32(0) + struct.pack("<Q", off)
+    blob = struct.pack(f"<{count}f", *[0.01 * i for i in range(count)])
+    blob += b"\0" * (-len(blob) % 32)
+    data += blob; off += len(blob)
+head = b"GGUF" + u32(3) + struct.pack("<QQ", len(shapes), len(meta)) + b"".join(meta) + infos
+seed("gguf", "tiny", head + b"\0" * (-len(head) % 32) + data)
 PY
 
 rows=()
