@@ -5,11 +5,13 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 
 /// K and V of one layer, each `[NH, n_positions, HS]`: head `h`, position `p` at `(h*n_positions + p)*HS`.
+#[derive(Clone)]
 pub struct LayerKv {
     pub k: Vec<f32>,
     pub v: Vec<f32>,
 }
 
+#[derive(Clone)]
 pub struct KvCache {
     layers: Vec<LayerKv>,
     len: usize,
@@ -59,6 +61,26 @@ impl KvCache {
     /// Forgets every position (the buffers stay allocated).
     pub fn reset(&mut self) {
         self.len = 0;
+    }
+
+    /// Layers.
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The shape of one layer's K (and V) as filled: `[NH, len, HS]`.
+    pub fn shape(&self) -> [usize; 3] {
+        [self.n_head, self.len, self.head_dim]
+    }
+
+    /// Bytes of K and V of one layer that hold positions (f32).
+    pub fn layer_bytes_used(&self) -> usize {
+        2 * self.n_head * self.len * self.head_dim * 4
+    }
+
+    /// Bytes of K and V of one layer as allocated (`capacity` positions).
+    pub fn layer_bytes_allocated(&self) -> usize {
+        2 * self.n_head * self.capacity * self.head_dim * 4
     }
 
     /// Bytes held by K and V of all layers.

@@ -1,0 +1,211 @@
+//! `kvgpt inspect …` and `kvgpt explain`: the learner's views of the forward pass, with the
+//! engine's real numbers, as text, JSON, heatmaps and exported tensors.
+
+use crate::render::{self, Matrix};
+use crate::{load, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use kvgpt::export::{self, Named};
+use kvgpt::inspect::{top_k, trace, Trace, TraceSpec};
+use kvgpt::{KvPart, Loaded, Point};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+mod attention;
+mod cache;
+mod embeddings;
+mod explain;
+mod logits;
+mod tokens;
+#[allow(unused_imports)]
+use attention::*;
+#[allow(unused_imports)]
+use cache::*;
+#[allow(unused_imports)]
+use embeddings::*;
+pub use explain::explain;
+#[allow(unused_imports)]
+use explain::*;
+#[allow(unused_imports)]
+use logits::*;
+#[allow(unused_imports)]
+use tokens::*;
+
+#[derive(Subcommand)]
+pub enum InspectCmd {
+    /// Token ids, pieces (raw bytes where a piece is part of a UTF-8 character) and byte offsets.
+    Tokens(Common),
+    /// Per position: the wte row, the wpe row and their sum (first numbers and norms).
+    Embeddings {
+        #[command(flatten)]
+        c: Common,
+        /// How many leading numbers of each row to show.
+        #[arg(long, default_value_t = 8)]
+        dims: usize,
+    },
+    /// Attention weights [query, key] per layer and head, as a heatmap, JSON, SVG or HTML.
+    Attention {
+        #[command(flatten)]
+        c: Common,
+        #[command(flatten)]
+        sel: Select,
+        /// Also run N greedy decode steps with the KV cache on; the matrix covers the prompt and them.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        generate: usize,
+        /// Draw every selected layer × head as a grid of labelled heatmaps into an SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
+        /// The same grid as a standalone HTML page.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
+    /// Top-k next-token probabilities, logits and entropy; `--lens` adds the logit lens per layer.
+    Logits {
+        #[command(flatten)]
+        c: Common,
+        /// How many of the most likely tokens to show.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+        top_k: u32,
+        /// The position whose next-token distribution to show (default: the last).
+        #[arg(long, conflicts_with = "all_positions")]
+        position: Option<usize>,
+        /// Show every position.
+        #[arg(long)]
+        all_positions: bool,
+        /// The logit lens: each layer's residual stream through ln_f and the vocabulary projection.
+        #[arg(long)]
+        lens: bool,
+    },
+    /// KV-cache shapes, bytes and fill after the prompt, and what each decode step reads and computes.
+    Cache {
+        #[command(flatten)]
+        c: Common,
+        /// Greedy decode steps to run after the prompt.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        generate: usize,
+    },
+}
+
+/// What every inspect command takes.
+#[derive(Args, Clone)]
+pub struct Common {
+    #[command(flatten)]
+    pub io: Input,
+    /// Write the tensors shown to FILE.safetensors (all) or FILE.npy (the main one), for numpy.
+    #[arg(long, value_name = "FILE")]
+    pub export: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+pub struct Select {
+    /// Only this layer (0-based).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// Only this head (0-based).
+    #[arg(long)]
+    pub head: Option<usize>,
+}
+
+#[derive(Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+impl InspectCmd {
+    pub fn model_args(&self) -> &ModelArgs {
+        &self.common().io.model
+    }
+
+    fn common(&self) -> &Common {
+        match self {
+            InspectCmd::Tokens(c)
+            | InspectCmd::Embeddings { c, .. }
+            | InspectCmd::Attention { c, .. }
+            | InspectCmd::Logits { c, .. }
+            | InspectCmd::Cache { c, .. } => c,
+        }
+    }
+}
+
+/// The loaded model, the prompt text and its ids.
+struct Session {
+    loaded: Loaded,
+    ids: Vec<u32>,
+}
+
+impl Session {
+    fn open(c: &Common) -> Result<Session> {
+        let text = read_prompt(&c.io.prompt)?;
+        let loaded = load(&c.io.model)?;
+        let ids = prompt_ids(&loaded, &text)?;
+        Ok(Session { loaded, ids })
+    }
+
+    fn labels(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter().map(|&i| self.loaded.tokenizer.token_label(i)).collect()
+    }
+
+    fn label(&self, id: u32) -> String {
+        self.loaded.tokenizer.token_label(id)
+    }
+}
+
+/// Checks an output path before any work, so a typo does not cost a long run.
+fn check_writable(path: &Path) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        bail!("cannot write {}: the folder {} does not exist", path.display(), dir.display());
+    }
+    Ok(())
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    Ok(export::write_atomic(path, text.as_bytes())?)
+}
+
+fn do_export(c: &Common, tensors: &[Named]) -> Result<()> {
+    if let Some(path) = &c.export {
+        let names = export::write(path, tensors)?;
+        errln!("[kvgpt] wrote {} ({})", path.display(), names.join(", "));
+    }
+    Ok(())
+}
+
+pub fn run(cmd: InspectCmd) -> Result<Outcome> {
+    let c = cmd.common();
+    if let (InspectCmd::Tokens(_), Some(_)) = (&cmd, &c.export) {
+        bail!("inspect tokens has no tensor to --export; --json prints the ids, tokens, bytes and offsets");
+    }
+    let mut outputs: Vec<&Path> = Vec::new();
+    if let Some(p) = &c.export {
+        export::Format::of(p)?;
+        outputs.push(p);
+    }
+    if let InspectCmd::Attention { svg, html, .. } = &cmd {
+        outputs.extend(svg.iter().chain(html).map(PathBuf::as_path));
+    }
+    if !outputs.is_empty() {
+        let files = crate::locate(&c.io.model)?;
+        for p in outputs {
+            check_writable(p)?;
+            crate::refuse_input_path(p, &files, c.io.prompt.prompt_file.as_deref())?;
+        }
+    }
+    match &cmd {
+        InspectCmd::Tokens(c) => tokens(c),
+        InspectCmd::Embeddings { c, dims } => embeddings(c, *dims),
+        InspectCmd::Attention { c, sel, generate, svg, html } => {
+            attention(c, sel, *generate, svg.as_deref(), html.as_deref())
+        }
+        InspectCmd::Logits { c, top_k, position, all_positions, lens } => {
+            logits(c, *top_k as usize, *position, *all_positions, *lens)
+        }
+        InspectCmd::Cache { c, generate } => cache(c, *generate),
+    }?;
+    Ok(Outcome::Done)
+}
