@@ -319,9 +319,9 @@ impl Gguf {
         Some((format!("blk.{i}.{g}"), t))
     }
 
-    /// Tensor `hf` (a Hugging Face name, without `transformer.`) as f32 in HF's layout, which
-    /// must have shape `want`. Returns its values and its stored type's name.
-    pub fn tensor(&self, hf: &str, want: &[usize]) -> Result<(Vec<f32>, &'static str)> {
+    /// The GGUF tensor behind HF name `hf`: its GGUF name, whether it is stored transposed, its
+    /// entry and its shape in HF's layout.
+    fn lookup(&self, hf: &str) -> Result<(String, bool, &TensorInfo, Vec<usize>)> {
         let (name, transposed) =
             Gguf::gguf_name(hf).ok_or_else(|| Error::MissingTensor { name: hf.into(), file: self.file.clone() })?;
         let t = self
@@ -333,6 +333,13 @@ impl Gguf {
         if transposed {
             hf_shape.reverse();
         }
+        Ok((name, transposed, t, hf_shape))
+    }
+
+    /// Tensor `hf` (a Hugging Face name, without `transformer.`) as f32 in HF's layout, which
+    /// must have shape `want`. Returns its values and its stored type's name.
+    pub fn tensor(&self, hf: &str, want: &[usize]) -> Result<(Vec<f32>, &'static str)> {
+        let (name, transposed, t, hf_shape) = self.lookup(hf)?;
         if hf_shape != want {
             return Err(Error::WrongShape {
                 name,
@@ -379,15 +386,7 @@ impl Gguf {
     /// Every tensor the config implies is present with its shape, and nothing beyond `n_layer`.
     pub fn check(&self, cfg: &Config) -> Result<()> {
         for (name, dims) in crate::checkpoint::expected(cfg) {
-            let (g, transposed) = Gguf::gguf_name(&name).expect("every expected tensor has a GGUF name");
-            let t = self
-                .tensors
-                .get(&g)
-                .ok_or_else(|| Error::MissingTensor { name: g.clone(), file: self.file.clone() })?;
-            let mut got: Vec<usize> = t.dims.iter().rev().copied().collect();
-            if transposed {
-                got.reverse();
-            }
+            let (g, _, _, got) = self.lookup(&name)?;
             let want: Vec<usize> = dims.iter().map(|d| d.1).collect();
             if got != want {
                 let keys = dims.iter().map(|d| d.0).collect::<Vec<_>>().join(" × ");

@@ -260,12 +260,8 @@ fn ctrl_c_stops_an_answer_not_the_session() {
     assert_eq!(s.exit_code(), Some(0));
 }
 
-#[test]
-fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
-    let m = fixture_dir().to_string_lossy().into_owned();
-    // Without --keep: once the 128 positions are used, a turn is refused with the options and
-    // the session goes on.
-    let mut s = Session::start(&["--model", &m, "-n", "60"]);
+/// Two turns of 60-token answers: most of the fixture's 128 positions; then a third turn.
+fn fill_two_turns(s: &mut Session) {
     s.wait_for("> ");
     for _ in 0..2 {
         s.send("Hello there\n");
@@ -273,6 +269,15 @@ fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
         s.wait_for("> ");
     }
     s.send("One more\n");
+}
+
+#[test]
+fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    // Without --keep: once the 128 positions are used, a turn is refused with the options and
+    // the session goes on.
+    let mut s = Session::start(&["--model", &m, "-n", "60"]);
+    fill_two_turns(&mut s);
     let text = s.wait_for("> ");
     assert!(
         text.contains("error: the context is full: this turn needs")
@@ -289,13 +294,7 @@ fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
     assert_eq!(s.exit_code(), Some(0));
     // With --keep 40: the last 40 tokens are kept and computed again from position 0.
     let mut s = Session::start(&["--model", &m, "-n", "60", "--keep", "40"]);
-    s.wait_for("> ");
-    for _ in 0..2 {
-        s.send("Hello there\n");
-        s.wait_for("ended: ");
-        s.wait_for("> ");
-    }
-    s.send("One more\n");
+    fill_two_turns(&mut s);
     let text = s.wait_for("ended: ");
     assert!(text.contains("the context was full: kept the last 40 tokens and computed their K/V again"), "{text}");
     assert_eq!(stats(&text).0, 40, "{text}");

@@ -341,14 +341,7 @@ fn vocabulary_projection_and_embedding_columns_every_type_and_path() {
                 let col: Vec<f32> = (0..k).map(|i| widened[i * n + c]).collect();
                 assert_eq!(bits(&packed.column(c)), bits(&col), "{ty:?} column {c}");
             }
-            let mut streamed = PackedMatrix::zeros(k, n, ty);
-            for c0 in (0..n).step_by(Q8_BLOCK) {
-                let cols: Vec<f32> = (c0..(c0 + Q8_BLOCK).min(n))
-                    .flat_map(|c| (0..k).map(move |i| (i, c)))
-                    .map(|(i, c)| w[i * n + c])
-                    .collect();
-                streamed.set_cols(c0, &cols);
-            }
+            let streamed = streamed_by_columns(&w, k, n, ty);
             assert_eq!(bits(&streamed.unpack()), bits(&widened), "{ty:?} streamed k={k} n={n}");
         }
     }
@@ -458,14 +451,7 @@ fn w8a8_every_path_equals_its_definition_and_stays_close_to_f32() {
         // The stored weights, widened, are the quantized ones; streaming by columns (as the
         // loader does for wteᵀ) stores the same.
         let widened = packed.unpack();
-        let mut streamed = PackedMatrix::zeros(k, n, WeightType::W8A8);
-        for c0 in (0..n).step_by(Q8_BLOCK) {
-            let cols: Vec<f32> = (c0..(c0 + Q8_BLOCK).min(n))
-                .flat_map(|c| (0..k).map(move |i| (i, c)))
-                .map(|(i, c)| w[i * n + c])
-                .collect();
-            streamed.set_cols(c0, &cols);
-        }
+        let streamed = streamed_by_columns(&w, k, n, WeightType::W8A8);
         assert_eq!(bits(&streamed.unpack()), bits(&widened), "W8A8 streamed k={k} n={n}");
         for c in (0..n).step_by(7) {
             let col: Vec<f32> = (0..k).map(|i| widened[i * n + c]).collect();
@@ -489,4 +475,15 @@ fn w8a8_vocabulary_projection_every_path() {
             assert_eq!(bits(&out), bits(&want[..rows * n]), "W8A8 vocabulary {} rows={rows}", isa.name());
         }
     }
+}
+
+/// `w` (`[K, N]`) stored as the loader stores wteᵀ: in blocks of [`Q8_BLOCK`] columns.
+fn streamed_by_columns(w: &[f32], k: usize, n: usize, ty: WeightType) -> PackedMatrix {
+    let mut m = PackedMatrix::zeros(k, n, ty);
+    for c0 in (0..n).step_by(Q8_BLOCK) {
+        let cols: Vec<f32> =
+            (c0..(c0 + Q8_BLOCK).min(n)).flat_map(|c| (0..k).map(move |i| (i, c))).map(|(i, c)| w[i * n + c]).collect();
+        m.set_cols(c0, &cols);
+    }
+    m
 }
