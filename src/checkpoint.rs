@@ -410,17 +410,10 @@ impl Weights {
     }
 
     /// Streams the rows of tensor `name` to `f`; returns the stored type's name.
-    pub fn tensor_rows(&self, name: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
+    pub fn tensor_rows(&self, name: &str, want: &[usize], f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
         match self {
             Weights::Safetensors(ck) => ck.tensor_rows(name, want, f).map(Stored::name),
-            Weights::Gguf(g) => {
-                let (data, kind) = g.tensor(name, want)?;
-                let row: usize = want.iter().skip(1).product();
-                for (i, r) in data.chunks(row.max(1)).enumerate() {
-                    f(i, r);
-                }
-                Ok(kind)
-            }
+            Weights::Gguf(g) => g.tensor_rows(name, want, f),
         }
     }
 }

@@ -336,9 +336,8 @@ impl Gguf {
         Ok((name, transposed, t, hf_shape))
     }
 
-    /// Tensor `hf` (a Hugging Face name, without `transformer.`) as f32 in HF's layout, which
-    /// must have shape `want`. Returns its values and its stored type's name.
-    pub fn tensor(&self, hf: &str, want: &[usize]) -> Result<(Vec<f32>, &'static str)> {
+    /// The GGUF tensor behind `hf`, which must have shape `want` in HF's layout.
+    fn checked(&self, hf: &str, want: &[usize]) -> Result<(String, bool, &TensorInfo)> {
         let (name, transposed, t, hf_shape) = self.lookup(hf)?;
         if hf_shape != want {
             return Err(Error::WrongShape {
@@ -349,9 +348,15 @@ impl Gguf {
                 keys: "the metadata's sizes".into(),
             });
         }
-        let n: usize = want.iter().product();
-        let mut bytes = vec![0u8; t.kind.bytes(n).expect("checked at open")];
-        read_at(&self.f, &mut bytes, self.data_start + t.offset).map_err(|e| Error::io(&self.file, e))?;
+        Ok((name, transposed, t))
+    }
+
+    /// Elements `at..at + n` of tensor `t` (named `name` in errors) widened to f32; for Q8_0 both
+    /// are whole blocks. A non-finite value is an error naming the tensor and the element.
+    fn read(&self, name: &str, t: &TensorInfo, at: usize, n: usize) -> Result<Vec<f32>> {
+        let skip = t.kind.bytes(at).expect("whole blocks");
+        let mut bytes = vec![0u8; t.kind.bytes(n).expect("whole blocks")];
+        read_at(&self.f, &mut bytes, self.data_start + t.offset + skip as u64).map_err(|e| Error::io(&self.file, e))?;
         let data: Vec<f32> = match t.kind {
             Kind::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect(),
             Kind::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
@@ -365,8 +370,22 @@ impl Gguf {
                 .collect(),
         };
         if let Some(i) = data.iter().position(|x| !x.is_finite()) {
-            return Err(Error::NonFinite { file: self.file.clone(), name, index: vec![i], value: data[i] });
+            return Err(Error::NonFinite {
+                file: self.file.clone(),
+                name: name.into(),
+                index: vec![at + i],
+                value: data[i],
+            });
         }
+        Ok(data)
+    }
+
+    /// Tensor `hf` (a Hugging Face name, without `transformer.`) as f32 in HF's layout, which
+    /// must have shape `want`. Returns its values and its stored type's name.
+    pub fn tensor(&self, hf: &str, want: &[usize]) -> Result<(Vec<f32>, &'static str)> {
+        let (name, transposed, t) = self.checked(hf, want)?;
+        let n: usize = want.iter().product();
+        let data = self.read(&name, t, 0, n)?;
         let data = if transposed && want.len() == 2 {
             // Stored [out, in] rows: back to HF's [in, out].
             let (k, m) = (want[0], want[1]);
@@ -381,6 +400,30 @@ impl Gguf {
             data
         };
         Ok((data, t.kind.name()))
+    }
+
+    /// Streams tensor `hf`'s rows (HF's layout, shape `want`) to `f`, about 1 MiB of the file at
+    /// a time where the rows lie in the file as they are (`wte`, the largest, does), so it never
+    /// sits in memory whole as f32. Returns its stored type's name.
+    pub fn tensor_rows(&self, hf: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
+        let (name, transposed, t) = self.checked(hf, want)?;
+        let row: usize = want.iter().skip(1).product();
+        let rows = want.first().copied().unwrap_or(1);
+        let row_bytes = t.kind.bytes(row).filter(|&b| b > 0 && !transposed);
+        let Some(row_bytes) = row_bytes else {
+            let (data, kind) = self.tensor(hf, want)?;
+            data.chunks(row.max(1)).enumerate().for_each(|(i, r)| f(i, r));
+            return Ok(kind);
+        };
+        let block = (1 << 20) / row_bytes + 1;
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = (r0 + block).min(rows);
+            let data = self.read(&name, t, r0 * row, (r1 - r0) * row)?;
+            data.chunks(row).enumerate().for_each(|(i, r)| f(r0 + i, r));
+            r0 = r1;
+        }
+        Ok(t.kind.name())
     }
 
     /// Every tensor the config implies is present with its shape, and nothing beyond `n_layer`.

@@ -129,7 +129,6 @@ pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t
 /// `out[T, N] = inp[T, K] @ W + bias` over a packed `W`: the same bits as [`crate::matmul`] on
 /// `W.unpack()`, except for W8A8, whose activations are quantized too (into `acts`, which the
 /// caller keeps so that decoding does not allocate); see the `int8` module for its arithmetic.
-#[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
 pub fn matmul_packed(
     isa: Isa,
     out: &mut [f32],
@@ -147,13 +146,11 @@ pub fn matmul_packed(
     if let packed::Storage::W8A8(w8) = &w.data {
         acts.fill(isa, inp, t, k, w8.kp);
     }
-    let call = simd::Call { out: out.as_mut_ptr(), inp, acts, w, bias, t };
-    let call = SendCall(call);
+    let call = simd::Call { out: SendPtr(out.as_mut_ptr()), inp, acts, w, bias, t };
     let run = |p0: usize, p1: usize| {
-        let c = &call;
         // SAFETY: tasks get disjoint panel ranges, i.e. disjoint column ranges of `out`, which
         // holds t*n floats (asserted above) and outlives every task.
-        unsafe { simd::packed_cols(isa, &c.0, p0, p1) }
+        unsafe { simd::packed_cols(isa, &call, p0, p1) }
     };
     // Panels per task. Decode: four (the tile's width). Prefill: few, large tasks (about four per
     // thread), since every task streams all the activations once per KC block.
@@ -164,12 +161,6 @@ pub fn matmul_packed(
         (0..panels.div_ceil(per)).into_par_iter().for_each(|c| run(c * per, ((c + 1) * per).min(panels)));
     }
 }
-
-/// A [`simd::Call`] shared by rayon tasks; each writes a disjoint region of its `out`.
-struct SendCall<'a>(simd::Call<'a>);
-// SAFETY: the call's only non-Sync field is `out`, of which every task writes its own columns,
-// and all tasks end before `matmul_packed` returns (while `out` is still borrowed).
-unsafe impl Sync for SendCall<'_> {}
 
 /// The sum of `a` in the engine's fixed order (16 lanes, then a fixed pairwise sum).
 pub fn sum(isa: Isa, a: &[f32]) -> f32 {

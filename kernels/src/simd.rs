@@ -5,7 +5,7 @@
 use crate::int8::{self, quantize_row_body, IntLanes, QuantizedActs};
 use crate::math::{exp_approx, gelu_new_scalar};
 use crate::packed::{Bf16s, F16s, F32s, Format, PackedMatrix, Panels, Q8s, Storage, NR};
-use crate::{Isa, Kind};
+use crate::{Isa, Kind, SendPtr};
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
 const LANES: usize = 16;
@@ -84,8 +84,8 @@ kernels! {
 /// activations also quantized in `acts` when `w` is W8A8.
 #[derive(Clone, Copy)]
 pub(crate) struct Call<'a> {
-    /// `T * N` writable floats.
-    pub(crate) out: *mut f32,
+    /// `T * N` writable floats; each task writes only the columns of its own panels.
+    pub(crate) out: SendPtr,
     pub(crate) inp: &'a [f32],
     pub(crate) acts: &'a QuantizedActs,
     pub(crate) w: &'a PackedMatrix,
@@ -684,7 +684,7 @@ impl<L: Lanes> TileKernel for Simd<L> {
 
 #[inline(always)]
 unsafe fn packed_cols_body<T: TileKernel>(c: &Call, p0: usize, p1: usize) {
-    let Call { out, inp, acts, w, bias, t } = *c;
+    let Call { out: SendPtr(out), inp, acts, w, bias, t } = *c;
     let (k, n) = (w.k(), w.n());
     match &w.data {
         Storage::F32(d) => {

@@ -9,7 +9,7 @@ use crate::{load, ModelArgs, Outcome};
 use anyhow::{Context, Result};
 use clap::Args;
 use kvgpt::chat::{Chat, Ended};
-use kvgpt::{Sampling, Step, StreamDecoder};
+use kvgpt::{Step, StreamDecoder};
 use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,21 +25,8 @@ pub struct ChatArgs {
     /// Tokens per answer at most.
     #[arg(long, short = 'n', default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_new_tokens: u32,
-    /// Sample with this temperature (default: greedy).
-    #[arg(long, visible_alias = "temp")]
-    pub temperature: Option<f32>,
-    /// Sample only from the K most likely tokens.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub top_k: Option<u32>,
-    /// Sample only from the most likely tokens whose probabilities add up to P.
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    /// Seed of the ChaCha20 sampling RNG.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// HF's repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    #[command(flatten)]
+    pub sampling: crate::generate::SamplingArgs,
     /// When the context is full, keep the last N tokens and compute their K/V again (GPT-2's
     /// learned positions cannot be shifted), instead of stopping with the options.
     #[arg(long, value_name = "N")]
@@ -50,24 +37,7 @@ const HELP: &str = "commands: /reset (start over), /save FILE, /load FILE (the c
 as --prompt-cache files), /stats, /help, /quit; Ctrl-C stops an answer, Ctrl-D or /quit ends the session";
 
 pub fn run(a: &ChatArgs) -> Result<Outcome> {
-    if let Some(t) = a.temperature.filter(|t| !(t.is_finite() && *t >= 0.0)) {
-        anyhow::bail!("--temperature must be a number >= 0 (0 = greedy), got {t}");
-    }
-    if let Some(p) = a.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-        anyhow::bail!("--top-p must be in (0, 1], got {p}");
-    }
-    if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
-        anyhow::bail!("--repetition-penalty must be a number > 0 (1 = off), got {}", a.repetition_penalty);
-    }
-    let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
-    let sampling = Sampling {
-        temperature: if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 },
-        top_k: a.top_k.map(|k| k as usize),
-        top_p: a.top_p,
-        seed: a.seed,
-        repetition_penalty: a.repetition_penalty,
-        ..Sampling::GREEDY
-    };
+    let sampling = a.sampling.sampling()?;
     let loaded = load(&a.model)?;
     let (model, tok) = (&loaded.model, &loaded.tokenizer);
     let n = model.config.n_positions;
@@ -91,7 +61,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         loaded.files.name,
         n,
         model.weights_dtype(),
-        if sampling.is_greedy() { "greedy".to_string() } else { format!("sampled, seed {}", sampling.seed) }
+        crate::generate::sampler_words(&sampling)
     );
     let stdin = std::io::stdin();
     let mut input = String::new();

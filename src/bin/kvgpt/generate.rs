@@ -21,28 +21,8 @@ pub struct GenerateArgs {
     /// How many tokens to generate at most.
     #[arg(long, short = 'n', default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_new_tokens: u32,
-    /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
-    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
-    pub temperature: Option<f32>,
-    /// Sample only from the K most likely tokens.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub top_k: Option<u32>,
-    /// Sample only from the most likely tokens whose probabilities add up to P (0 < P <= 1).
-    #[arg(long, allow_negative_numbers = true)]
-    pub top_p: Option<f32>,
-    /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// HF's repetition penalty θ > 0 (1 = off): every token already in the text, prompt
-    /// included, has its logit divided by θ if positive, multiplied by it if not. Greedy too.
-    #[arg(long, default_value_t = 1.0, value_name = "THETA")]
-    pub repetition_penalty: f32,
-    /// OpenAI's presence penalty in [-2, 2]: taken once off every token generated so far.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub presence_penalty: f32,
-    /// OpenAI's frequency penalty in [-2, 2]: taken off a token once per time it was generated.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub frequency_penalty: f32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
     /// Stop where the generated text first contains STR (cut before it; repeatable).
     #[arg(long, value_name = "STR")]
     pub stop: Vec<String>,
@@ -65,39 +45,74 @@ pub struct GenerateArgs {
     pub prompt_cache: Option<PathBuf>,
 }
 
-fn sampling(a: &GenerateArgs) -> Result<Sampling> {
-    if let Some(t) = a.temperature {
-        if !(t.is_finite() && t >= 0.0) {
-            bail!("--temperature must be a number >= 0 (0 = greedy), got {t}");
+/// How tokens are chosen: the flags `generate` and `chat` share.
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
+    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Sample only from the K most likely tokens.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Sample only from the most likely tokens whose probabilities add up to P (0 < P <= 1).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// HF's repetition penalty θ > 0 (1 = off): every token already in the text, prompt
+    /// included, has its logit divided by θ if positive, multiplied by it if not. Greedy too.
+    #[arg(long, default_value_t = 1.0, value_name = "THETA")]
+    pub repetition_penalty: f32,
+    /// OpenAI's presence penalty in [-2, 2]: taken once off every token generated so far.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in [-2, 2]: taken off a token once per time it was generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// The sampler settings, each flag checked.
+    pub fn sampling(&self) -> Result<Sampling> {
+        let a = self;
+        if let Some(t) = a.temperature {
+            if !(t.is_finite() && t >= 0.0) {
+                bail!("--temperature must be a number >= 0 (0 = greedy), got {t}");
+            }
         }
-    }
-    if let Some(p) = a.top_p {
-        if !(p > 0.0 && p <= 1.0) {
-            bail!("--top-p must be in (0, 1], got {p}");
+        if let Some(p) = a.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                bail!("--top-p must be in (0, 1], got {p}");
+            }
         }
-    }
-    if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
-        bail!("--repetition-penalty must be a number > 0 (1 = off), got {}", a.repetition_penalty);
-    }
-    for (flag, v) in [("--presence-penalty", a.presence_penalty), ("--frequency-penalty", a.frequency_penalty)] {
-        if !(-2.0..=2.0).contains(&v) {
-            bail!("{flag} must be in [-2, 2] (0 = off), got {v}");
+        if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
+            bail!("--repetition-penalty must be a number > 0 (1 = off), got {}", a.repetition_penalty);
         }
+        for (flag, v) in [("--presence-penalty", a.presence_penalty), ("--frequency-penalty", a.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                bail!("{flag} must be in [-2, 2] (0 = off), got {v}");
+            }
+        }
+        let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
+        let temperature = if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 };
+        Ok(Sampling {
+            temperature,
+            top_k: a.top_k.map(|k| k as usize),
+            top_p: a.top_p,
+            seed: a.seed,
+            repetition_penalty: a.repetition_penalty,
+            presence_penalty: a.presence_penalty,
+            frequency_penalty: a.frequency_penalty,
+        })
     }
+}
+
+fn checked_stops(a: &GenerateArgs) -> Result<()> {
     if a.stop.iter().any(String::is_empty) {
         bail!("--stop needs a non-empty string");
     }
-    let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
-    let temperature = if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 };
-    Ok(Sampling {
-        temperature,
-        top_k: a.top_k.map(|k| k as usize),
-        top_p: a.top_p,
-        seed: a.seed,
-        repetition_penalty: a.repetition_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-    })
+    Ok(())
 }
 
 /// The sampler settings as `--json` and the stats line report them.
@@ -115,7 +130,7 @@ fn sampler_json(s: &Sampling) -> Value {
 }
 
 /// The sampler settings in a few words, for the stats line.
-fn sampler_words(s: &Sampling) -> String {
+pub fn sampler_words(s: &Sampling) -> String {
     let mut w = if s.is_greedy() {
         "greedy".to_string()
     } else {
@@ -153,7 +168,8 @@ fn logprob_entry(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> Value {
 }
 
 pub fn run(a: &GenerateArgs) -> Result<Outcome> {
-    let sampling = sampling(a)?;
+    let sampling = a.sampling.sampling()?;
+    checked_stops(a)?;
     let prompt = read_prompt(&a.prompt)?;
     let t0 = Instant::now();
     let loaded = load(&a.model)?;

@@ -15,10 +15,8 @@ pub struct InfoArgs {
 
 pub fn run(a: &InfoArgs) -> Result<Outcome> {
     let mut info = kvgpt::info::describe(&locate(&a.model)?)?;
-    if let Some(name) = &a.model.isa {
-        info.kernels.isa = kvgpt_kernels::Isa::by_name(name)
-            .ok_or_else(|| anyhow::anyhow!("--isa {name:?}: this CPU offers {}", info.kernels.available.join(", ")))?
-            .name();
+    if let Some(isa) = crate::chosen_isa(&a.model)? {
+        info.kernels.isa = isa.name();
     }
     if a.json {
         print_json(&serde_json::to_value(&info)?)?;

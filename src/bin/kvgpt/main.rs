@@ -313,14 +313,18 @@ pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {
     Ok(Locate::from_env(m.offline).resolve(&m.model)?)
 }
 
+/// The instruction set `--isa` names, if it names one; an error if this CPU does not offer it.
+pub fn chosen_isa(m: &ModelArgs) -> Result<Option<kvgpt_kernels::Isa>> {
+    let Some(name) = &m.isa else { return Ok(None) };
+    let isa = kvgpt_kernels::Isa::by_name(name).ok_or_else(|| {
+        let names: Vec<&str> = kvgpt_kernels::Isa::available().iter().map(|i| i.name()).collect();
+        anyhow::anyhow!("--isa {name:?}: this CPU offers {}; pick one of them", names.join(", "))
+    })?;
+    Ok(Some(isa))
+}
+
 pub fn load(m: &ModelArgs) -> Result<Loaded> {
-    let isa = match &m.isa {
-        None => None,
-        Some(name) => Some(kvgpt_kernels::Isa::by_name(name).ok_or_else(|| {
-            let names: Vec<&str> = kvgpt_kernels::Isa::available().iter().map(|i| i.name()).collect();
-            anyhow::anyhow!("--isa {name:?}: this CPU offers {}; pick one of them", names.join(", "))
-        })?),
-    };
+    let isa = chosen_isa(m)?;
     let mut loaded = kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?;
     if let Some(isa) = isa {
         loaded.model = loaded.model.with_isa(isa);
