@@ -158,9 +158,10 @@ fn turns_keep_the_cache_and_answer_as_hf() {
 
 /// A random GPT-2 with a long context and no way to end a line or the text (the rows of `wte`
 /// for every token holding a newline, and for `<|endoftext|>`, are zero, so greedy never picks
-/// them): its answers run on for seconds, long enough to interrupt.
+/// them): its answers run on for thousands of tokens, seconds even on a fast CPU, long enough
+/// to interrupt twice.
 fn long_winded_model(dir: &std::path::Path) {
-    let (c, l, p, v, f) = (128usize, 2usize, 1024usize, 50257usize, 512usize);
+    let (c, l, p, v, f) = (128usize, 2usize, 4096usize, 50257usize, 512usize);
     let config = serde_json::json!({
         "model_type": "gpt2", "n_embd": c, "n_layer": l, "n_head": 4, "n_positions": p, "vocab_size": v,
         "n_inner": f, "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
@@ -230,29 +231,30 @@ fn ctrl_c_stops_an_answer_not_the_session() {
     let dir = tempfile::tempdir().unwrap();
     long_winded_model(dir.path());
     let m = dir.path().to_string_lossy().into_owned();
-    let mut s = Session::start(&["--model", &m, "-n", "1000", "-t", "1"]);
+    let mut s = Session::start(&["--model", &m, "-n", "4000", "-t", "1"]);
     s.wait_for("> ");
-    s.send("Tell me everything\n");
-    s.wait_for("Tell me everything\r\n"); // the echo
-                                          // As soon as the answer streams, interrupt it.
-    let start = Instant::now();
-    while s.out.lock().unwrap().len() <= s.seen + 20 {
-        assert!(start.elapsed() < Duration::from_secs(30), "no answer");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    s.send("\x03");
-    let text = s.wait_for("ended: Ctrl-C");
-    assert!(text.contains(" [stopped]\r\n"), "{text:?}");
+    // Each turn: type a line, and as soon as its answer streams, interrupt it.
+    let interrupt = |s: &mut Session, line: &str| -> String {
+        s.send(&format!("{line}\n"));
+        s.wait_for(&format!("{line}\r\n")); // the echo
+        let start = Instant::now();
+        while s.out.lock().unwrap().len() <= s.seen + 20 {
+            assert!(start.elapsed() < Duration::from_secs(30), "no answer");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        s.send("\x03");
+        let text = s.wait_for("ended: Ctrl-C");
+        assert!(text.contains(" [stopped]\r\n"), "{text:?}");
+        text
+    };
+    let text = interrupt(&mut s, "Tell me everything");
     let (_, computed) = stats(&text);
     assert!(computed > 0);
     let answered = text.split("answer ").nth(1).unwrap().split(' ').next().unwrap().parse::<usize>().unwrap();
-    assert!(answered < 1000 - 8, "the answer was cut short: {answered} tokens");
+    assert!(answered < 4000 - 8, "the answer was cut short: {answered} tokens");
     // The session goes on: the next turn reuses the whole interrupted conversation.
     s.wait_for("> ");
-    s.send("Go on\n");
-    s.wait_for("Go on\r\n");
-    s.send("\x03");
-    let text = s.wait_for("ended: ");
+    let text = interrupt(&mut s, "Go on");
     let (reused, _) = stats(&text);
     assert!(reused > answered, "{text}");
     s.wait_for("> ");

@@ -69,10 +69,12 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         out!("> ");
         crate::out::flush()?;
         input.clear();
+        // A Ctrl-C from here to the end of the line ends the session; from then on it stops the
+        // turn. Clearing the turn's flag first leaves no moment where one is lost.
+        interrupted.store(false, Ordering::SeqCst);
         at_prompt.store(true, Ordering::SeqCst);
         let read = stdin.lock().read_line(&mut input).context("could not read standard input")?;
         at_prompt.store(false, Ordering::SeqCst);
-        interrupted.store(false, Ordering::SeqCst);
         if read == 0 {
             outln!("");
             return Ok(Outcome::Done);
