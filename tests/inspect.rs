@@ -1,5 +1,6 @@
 //! The inspection views against the reference: attention (also stitched from cached decode
-//! steps), hidden states, K/V, top-k, the logit lens, exports, drawings, and the verify reports.
+//! steps), hidden states, K/V, top-k, the logit lens, exports, and the verify reports (the
+//! attention drawings: tests/attention_views.rs and tests/viewer.rs).
 
 mod common;
 
@@ -208,45 +209,6 @@ fn exports_hold_hidden_states_kv_attention_and_logits() {
 }
 
 #[test]
-fn svg_and_html_parse_and_hold_every_layer_and_head() {
-    let m = model();
-    let dir = tempfile::tempdir().unwrap();
-    let (svg, html) = (dir.path().join("a.svg"), dir.path().join("a.html"));
-    let out = kvgpt(&[
-        "inspect",
-        "attention",
-        "Hello, <world> & \"friends\"",
-        "--model",
-        &m,
-        "--generate",
-        "3",
-        "--svg",
-        svg.to_str().unwrap(),
-        "--html",
-        html.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = std::fs::read_to_string(&svg).unwrap();
-    let doc = roxmltree::Document::parse(&text).expect("the SVG is well-formed XML");
-    let heads: Vec<_> = doc.descendants().filter(|n| n.attribute("class") == Some("head")).collect();
-    assert_eq!(heads.len(), 2 * 4);
-    for l in 0..2 {
-        for h in 0..4 {
-            assert!(doc.descendants().any(|n| n.attribute("id") == Some(format!("L{l}-H{h}").as_str())), "L{l}-H{h}");
-        }
-    }
-    let page = std::fs::read_to_string(&html).unwrap();
-    assert!(page.starts_with("<!DOCTYPE html>") && page.trim_end().ends_with("</html>"));
-    let (a, b) = (page.find("<svg").unwrap(), page.rfind("</svg>").unwrap() + 6);
-    let inner = roxmltree::Document::parse(&page[a..b]).expect("the HTML's SVG is well-formed");
-    assert_eq!(inner.descendants().filter(|n| n.attribute("class") == Some("head")).count(), 8);
-    // Text heatmap without a terminal: plain numbers, no escape codes.
-    let out = kvgpt(&["inspect", "attention", "The cat sat on", "--model", &m, "--layer", "0", "--head", "0"]);
-    let text = String::from_utf8(out.stdout).unwrap();
-    assert!(!text.contains('\x1b') && text.contains(" 1.00"), "{text}");
-}
-
-#[test]
 fn tokens_and_cache_views_report_real_values() {
     let m = model();
     let j = json_of(&["inspect", "tokens", "The cat 今天", "--model", &m, "--json"]);
@@ -375,6 +337,11 @@ fn bad_inspect_input_gets_clear_errors() {
         (&["inspect", "logits", "x", "--model", &m, "--export", "out.txt"], ".safetensors"),
         (&["inspect", "logits", "a b", "--model", &m, "--position", "7"], "--position 7 is out of range"),
         (&["inspect", "attention", "x", "--model", &m, "--generate", "500"], "exceeds the model's 128 positions"),
+        (
+            &["inspect", "attention", "a b", "--model", &m, "--query", "2"],
+            "--query 2 is out of range: the sequence has 2",
+        ),
+        (&["inspect", "attention", "a b", "--model", &m, "--query", "-3"], "--query -3 is out of range"),
         (&["verify", "reference", "x", "--model", &m, "--logits", "/no/file.npy"], "no such file"),
     ];
     for (args, msg) in cases {

@@ -1,7 +1,55 @@
-//! `inspect attention`: per-head weights as heatmaps, SVG and HTML.
+//! `inspect attention`: per-head weights, or one query over every head, as a terminal heatmap
+//! fitted to the terminal's width, JSON, an SVG picture and an HTML viewer — one set of grids
+//! drawn in each format.
 
 #[allow(unused_imports)]
 use super::*;
+use crate::render::html::Viewer;
+use crate::render::term::{self, Colors};
+use crate::render::{Grid, Tick};
+
+/// When the terminal heatmap is coloured.
+#[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ColorWhen {
+    /// When standard output is a terminal and NO_COLOR is not set.
+    Auto,
+    Always,
+    Never,
+}
+
+/// What `inspect attention` shows and where.
+#[derive(Args, Clone)]
+pub struct AttentionArgs {
+    #[command(flatten)]
+    pub sel: Select,
+    /// Also run N greedy decode steps with the KV cache on; the matrix covers the prompt and them.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub generate: usize,
+    /// One query over every selected head: position P (0-based; -1 is the last, -2 the one
+    /// before). Rows become heads.
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    pub query: Option<i64>,
+    /// Show only the last N positions (rows and key columns; with --query, key columns) in the
+    /// heatmap and the SVG, with a ‹ column holding each row's weight on the keys before them.
+    /// Without it a terminal heatmap shows as many as fit. --json, --html and --export keep all.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub last: Option<u32>,
+    /// The width in columns the heatmap must fit (default: the terminal's, else $COLUMNS, else
+    /// no limit).
+    #[arg(long, value_name = "COLUMNS", value_parser = clap::value_parser!(u32).range(20..))]
+    pub width: Option<u32>,
+    /// Colour the heatmap's cells on the scale the pictures use (white is 0, dark blue is 1).
+    #[arg(long, value_enum, default_value_t = ColorWhen::Auto, value_name = "WHEN")]
+    pub color: ColorWhen,
+    /// Draw every selected layer × head (or, with --query, each layer) as labelled heatmaps
+    /// into an SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// A self-contained HTML viewer (no network): layer and head pickers, lines from a token to
+    /// what it attends to on hover, and the heatmap.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
 
 pub(super) fn selected(sel: Option<usize>, n: usize, what: &str) -> Result<Vec<usize>> {
     match sel {
@@ -11,76 +59,239 @@ pub(super) fn selected(sel: Option<usize>, n: usize, what: &str) -> Result<Vec<u
     }
 }
 
-pub(super) fn attention(
-    c: &Common,
-    sel: &Select,
-    generate: usize,
-    svg: Option<&Path>,
-    html: Option<&Path>,
-) -> Result<()> {
+/// `--query P` as a position of a sequence of `s`.
+fn query_position(p: i64, s: usize) -> Result<usize> {
+    let at = if p < 0 { s as i64 + p } else { p };
+    if at < 0 || at >= s as i64 {
+        bail!("--query {p} is out of range: the sequence has {s} positions (0..{}, or -1..-{s} from the end)", s - 1);
+    }
+    Ok(at as usize)
+}
+
+/// The selected layers' and heads' weights of a trace: `matrix(li, hi)` is `[S, S]`.
+struct Weights {
+    s: usize,
+    nh: usize,
+    heads: Vec<usize>,
+    per_layer: Vec<Vec<f32>>,
+}
+
+impl Weights {
+    fn matrix(&self, li: usize, hi: usize) -> &[f32] {
+        let (s, h) = (self.s, self.heads[hi]);
+        debug_assert!(h < self.nh);
+        &self.per_layer[li][h * s * s..(h + 1) * s * s]
+    }
+}
+
+/// The whole sequence as JSON: `attention[layer][head][query][key]`.
+#[derive(Serialize)]
+struct MatricesJson<'a> {
+    ids: &'a [u32],
+    tokens: &'a [String],
+    prompt_len: usize,
+    generated: usize,
+    layers: &'a [usize],
+    heads: &'a [usize],
+    attention: Vec<Vec<Vec<&'a [f32]>>>,
+}
+
+/// One query as JSON: `weights[layer][head][key]` over keys 0..=query.
+#[derive(Serialize)]
+struct QueryJson<'a> {
+    ids: &'a [u32],
+    tokens: &'a [String],
+    prompt_len: usize,
+    generated: usize,
+    query: usize,
+    token: &'a str,
+    layers: &'a [usize],
+    heads: &'a [usize],
+    weights: Vec<Vec<&'a [f32]>>,
+}
+
+/// The grids to draw: every layer × head over positions `start..`, or with a query each layer's
+/// heads over keys `start..=query`.
+fn grids(
+    w: &Weights,
+    layers: &[usize],
+    labels: &[String],
+    prompt_len: usize,
+    query: Option<usize>,
+    start: usize,
+) -> Vec<Grid> {
+    let s = w.s;
+    let tick = |i: usize| Tick { index: i, label: labels[i].clone() };
+    let before = |row: &[f32]| row[..start].iter().sum::<f32>();
+    let mut out = Vec::new();
+    for (li, &l) in layers.iter().enumerate() {
+        match query {
+            None => {
+                for (hi, &h) in w.heads.iter().enumerate() {
+                    let m = w.matrix(li, hi);
+                    let rows = start..s;
+                    out.push(Grid {
+                        title: format!("layer {l} head {h}"),
+                        corner: "q\\k",
+                        rows: rows.clone().map(tick).collect(),
+                        cols: rows.clone().map(tick).collect(),
+                        cells: rows
+                            .clone()
+                            .flat_map(|q| (start..s).map(move |k| (k <= q).then(|| m[q * s + k])))
+                            .collect(),
+                        before: (start > 0).then(|| rows.clone().map(|q| before(&m[q * s..q * s + s])).collect()),
+                        decoded_from: (prompt_len < s).then(|| prompt_len.saturating_sub(start)),
+                    });
+                }
+            }
+            Some(q) => {
+                let row = |hi: usize| &w.matrix(li, hi)[q * s..q * s + s];
+                out.push(Grid {
+                    title: format!("layer {l}: query {q} {} over every head", crate::render::label(&labels[q])),
+                    corner: "head",
+                    rows: w.heads.iter().map(|&h| Tick { index: h, label: String::new() }).collect(),
+                    cols: (start..=q).map(tick).collect(),
+                    cells: (0..w.heads.len()).flat_map(|hi| row(hi)[start..=q].iter().map(|&x| Some(x))).collect(),
+                    before: (start > 0).then(|| (0..w.heads.len()).map(|hi| before(row(hi))).collect()),
+                    decoded_from: None,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The terminal's width for the heatmap: --width, the terminal's, $COLUMNS, or no limit.
+fn width_to_fit(a: &AttentionArgs) -> Option<usize> {
+    if let Some(w) = a.width {
+        return Some(w as usize);
+    }
+    if std::io::stdout().is_terminal() {
+        if let Some((_, w)) = console::Term::stdout().size_checked() {
+            return Some(w as usize);
+        }
+    }
+    std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok()).filter(|&w: &usize| w >= 20)
+}
+
+pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
     let s = Session::open(c)?;
     let m = &s.loaded.model;
     let cfg = &m.config;
-    let layers = selected(sel.layer, cfg.n_layer, "layer")?;
-    let heads = selected(sel.head, cfg.n_head, "head")?;
-    let spec = TraceSpec { generate, want: |p| matches!(p, Point::AttnProbs(_)), all_logits: false };
+    let layers = selected(a.sel.layer, cfg.n_layer, "layer")?;
+    let heads = selected(a.sel.head, cfg.n_head, "head")?;
+    let spec = TraceSpec { generate: a.generate, want: |p| matches!(p, Point::AttnProbs(_)), all_logits: false };
     let tr = trace(m, &s.ids, &spec)?;
     let n = tr.len();
+    let query = a.query.map(|p| query_position(p, n)).transpose()?;
     let per_layer: Vec<Vec<f32>> = layers
         .iter()
         .map(|&l| tr.attention(l).map(|(_, a)| a).context("attention weights were not recorded"))
         .collect::<Result<_>>()?;
-    let matrix = |li: usize, h: usize| &per_layer[li][h * n * n..(h + 1) * n * n];
+    let w = Weights { s: n, nh: cfg.n_head, heads: heads.clone(), per_layer };
     let labels = s.labels(&tr.ids);
-
-    let mut selected_data = Vec::with_capacity(layers.len() * heads.len() * n * n);
-    for li in 0..layers.len() {
-        for &h in &heads {
-            selected_data.extend_from_slice(matrix(li, h));
-        }
-    }
     let title = format!(
         "attention of {} ({} prompt tokens{})",
         s.loaded.files.name,
         tr.prompt_len,
-        if generate > 0 { format!(" + {generate} decoded with the KV cache") } else { String::new() }
+        if a.generate > 0 { format!(" + {} decoded with the KV cache", a.generate) } else { String::new() }
     );
-    let mats: Vec<Matrix> = layers
-        .iter()
-        .enumerate()
-        .flat_map(|(li, &l)| heads.iter().map(move |&h| (li, l, h)))
-        .map(|(li, l, h)| Matrix { layer: l, head: h, weights: matrix(li, h) })
-        .collect();
-    if let Some(p) = svg {
-        write_text(p, &render::svg(&mats, &labels, &title))?;
-        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
+    // The positions a heatmap shows: the last `shown` of the keys it could show.
+    let keys = query.map_or(n, |q| q + 1);
+    let label_width = match query {
+        None => term::row_label_width(labels.iter().cloned()),
+        Some(_) => 0,
+    };
+    let fit = width_to_fit(a).map(|w| {
+        if term::columns_that_fit(w, label_width, false) >= keys {
+            keys
+        } else {
+            term::columns_that_fit(w, label_width, true)
+        }
+    });
+    let picture_shown = a.last.map_or(keys, |l| (l as usize).min(keys));
+    let text_shown = a.last.map(|l| (l as usize).min(keys)).or(fit).unwrap_or(keys).min(keys);
+
+    if let Some(p) = &a.svg {
+        let gs = grids(&w, &layers, &labels, tr.prompt_len, query, keys - picture_shown);
+        let per_row = if query.is_some() { 2 } else { heads.len() };
+        write_text(p, &render::svg::svg(&gs, per_row, &title))?;
+        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), gs.len());
     }
-    if let Some(p) = html {
-        write_text(p, &render::html(&mats, &labels, &title))?;
-        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), mats.len());
+    if let Some(p) = &a.html {
+        let page = render::html::html(&Viewer {
+            title: &title,
+            tokens: &labels,
+            prompt_len: tr.prompt_len,
+            layers: &layers,
+            heads: &heads,
+            weights: (0..layers.len()).map(|li| (0..heads.len()).map(|hi| w.matrix(li, hi)).collect()).collect(),
+            query,
+        });
+        write_text(p, &page)?;
+        errln!("[kvgpt] wrote {} (a viewer of {} layers × {} heads)", p.display(), layers.len(), heads.len());
     }
     if c.io.json {
-        let nested: Vec<Vec<Vec<&[f32]>>> =
-            (0..layers.len()).map(|li| heads.iter().map(|&h| matrix(li, h).chunks(n).collect()).collect()).collect();
-        print_json(&json!({
-            "ids": tr.ids,
-            "tokens": labels,
-            "prompt_len": tr.prompt_len,
-            "generated": generate,
-            "layers": layers,
-            "heads": heads,
-            "attention": nested,
-        }))?;
+        let v = match query {
+            None => serde_json::to_value(MatricesJson {
+                ids: &tr.ids,
+                tokens: &labels,
+                prompt_len: tr.prompt_len,
+                generated: a.generate,
+                layers: &layers,
+                heads: &heads,
+                attention: (0..layers.len())
+                    .map(|li| (0..heads.len()).map(|hi| w.matrix(li, hi).chunks(n).collect()).collect())
+                    .collect(),
+            })?,
+            Some(q) => serde_json::to_value(QueryJson {
+                ids: &tr.ids,
+                tokens: &labels,
+                prompt_len: tr.prompt_len,
+                generated: a.generate,
+                query: q,
+                token: &labels[q],
+                layers: &layers,
+                heads: &heads,
+                weights: (0..layers.len())
+                    .map(|li| (0..heads.len()).map(|hi| &w.matrix(li, hi)[q * n..=q * n + q]).collect())
+                    .collect(),
+            })?,
+        };
+        print_json(&v)?;
     } else {
-        let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        outln!("{title}; rows are queries, columns keys");
-        for mat in &mats {
-            outln!("\nlayer {} head {}", mat.layer, mat.head);
-            out!("{}", render::heatmap(mat, &labels, color));
+        let colors = match a.color {
+            ColorWhen::Always => Some(Colors::detect()),
+            ColorWhen::Never => None,
+            ColorWhen::Auto => (std::io::stdout().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
+            .then(Colors::detect),
+        };
+        let axes = if query.is_some() { "rows are heads, columns keys" } else { "rows are queries, columns keys" };
+        outln!("{title}; {axes}; “·” is a space");
+        outln!("{}", term::legend(colors));
+        if text_shown < keys {
+            let why = match (a.last, a.width) {
+                (Some(_), _) => "--last".to_string(),
+                (None, Some(w)) => format!("--width {w}"),
+                (None, None) => "the terminal's width".to_string(),
+            };
+            outln!(
+                "showing the last {text_shown} of {keys} {} (to fit {why}); the ‹ column is each row's weight on \
+                 the keys before them; --last N or --width COLUMNS to choose",
+                if query.is_some() { "keys" } else { "positions" }
+            );
+        }
+        for g in grids(&w, &layers, &labels, tr.prompt_len, query, keys - text_shown) {
+            outln!("\n{}", g.title);
+            out!("{}", term::heatmap(&g, colors));
         }
     }
-    do_export(
-        c,
-        &[Named { name: "attention".into(), shape: vec![layers.len(), heads.len(), n, n], data: &selected_data }],
-    )
+    let mut data = Vec::with_capacity(layers.len() * heads.len() * n * n);
+    for li in 0..layers.len() {
+        for hi in 0..heads.len() {
+            data.extend_from_slice(w.matrix(li, hi));
+        }
+    }
+    do_export(c, &[Named { name: "attention".into(), shape: vec![layers.len(), heads.len(), n, n], data: &data }])
 }

@@ -1,7 +1,7 @@
 //! `kvgpt inspect …` and `kvgpt explain`: the learner's views of the forward pass, with the
 //! engine's real numbers, as text, JSON, heatmaps and exported tensors.
 
-use crate::render::{self, Matrix};
+use crate::render;
 use crate::{load, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -45,21 +45,13 @@ pub enum InspectCmd {
         #[arg(long, default_value_t = 8)]
         dims: usize,
     },
-    /// Attention weights [query, key] per layer and head, as a heatmap, JSON, SVG or HTML.
+    /// Attention weights [query, key] per layer and head (or one query over every head), as a
+    /// heatmap that fits the terminal, JSON, SVG or an HTML viewer.
     Attention {
         #[command(flatten)]
         c: Common,
         #[command(flatten)]
-        sel: Select,
-        /// Also run N greedy decode steps with the KV cache on; the matrix covers the prompt and them.
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        generate: usize,
-        /// Draw every selected layer × head as a grid of labelled heatmaps into an SVG file.
-        #[arg(long, value_name = "FILE")]
-        svg: Option<PathBuf>,
-        /// The same grid as a standalone HTML page.
-        #[arg(long, value_name = "FILE")]
-        html: Option<PathBuf>,
+        a: AttentionArgs,
     },
     /// Top-k next-token probabilities, logits and entropy; `--lens` adds the logit lens per layer.
     Logits {
@@ -186,8 +178,8 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
         export::Format::of(p)?;
         outputs.push(p);
     }
-    if let InspectCmd::Attention { svg, html, .. } = &cmd {
-        outputs.extend(svg.iter().chain(html).map(PathBuf::as_path));
+    if let InspectCmd::Attention { a, .. } = &cmd {
+        outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
     }
     if !outputs.is_empty() {
         let files = crate::locate(&c.io.model)?;
@@ -199,9 +191,7 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     match &cmd {
         InspectCmd::Tokens(c) => tokens(c),
         InspectCmd::Embeddings { c, dims } => embeddings(c, *dims),
-        InspectCmd::Attention { c, sel, generate, svg, html } => {
-            attention(c, sel, *generate, svg.as_deref(), html.as_deref())
-        }
+        InspectCmd::Attention { c, a } => attention(c, a),
         InspectCmd::Logits { c, top_k, position, all_positions, lens } => {
             logits(c, *top_k as usize, *position, *all_positions, *lens)
         }

@@ -1,0 +1,197 @@
+//! [`Grid`]s as one SVG picture: panels in rows, each with its key labels above the columns
+//! (turned upright), query (or head) labels at the left, cells in the scale's colours with their
+//! value as a tooltip, masked cells grey, a divider above the rows decoded with the KV cache on,
+//! and a colour bar with values.
+
+use super::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick};
+use std::fmt::Write as _;
+
+/// The colour of a masked cell (a key after its query): grey, never on the scale.
+pub const MASKED: &str = "#d9d9d9";
+/// The colour of the line above the rows decoded with the KV cache on.
+pub const DIVIDER: &str = "#e6550d";
+const LABEL_CHARS: usize = 12;
+
+/// Panel geometry, from the largest grid.
+struct Layout {
+    cell: f64,
+    /// Label font size; 0 when the cells are too small for labels (then every few positions
+    /// get their index only).
+    font: f64,
+    label_w: f64,
+    head_h: f64,
+    panel_w: f64,
+    panel_h: f64,
+}
+
+impl Layout {
+    fn new(grids: &[Grid]) -> Layout {
+        let cols = grids.iter().map(|g| g.cols.len() + usize::from(g.before.is_some())).max().unwrap_or(1).max(1);
+        let rows = grids.iter().map(|g| g.rows.len()).max().unwrap_or(1).max(1);
+        let cell = (320.0 / cols.max(rows) as f64).clamp(3.0, 16.0);
+        let font = if cell >= 7.0 { cell.min(11.0) - 1.0 } else { 0.0 };
+        // The longest label drawn ("12 ·token"), across and upright.
+        let chars = grids
+            .iter()
+            .flat_map(|g| g.rows.iter().chain(&g.cols))
+            .map(|t| tick_text(t, font > 0.0).chars().count())
+            .chain(std::iter::once(8)) // "‹ before"
+            .max()
+            .unwrap_or(0);
+        let label_w = chars as f64 * font.max(8.0) * 0.62 + 6.0;
+        let head_h = 18.0 + label_w;
+        Layout {
+            cell,
+            font,
+            label_w,
+            head_h,
+            panel_w: label_w + cell * cols as f64 + 24.0,
+            panel_h: head_h + cell * rows as f64 + 24.0,
+        }
+    }
+}
+
+/// An axis label: the position (or head) and, when there is room, its token.
+fn tick_text(t: &Tick, with_label: bool) -> String {
+    if with_label && !t.label.is_empty() {
+        format!("{} {}", t.index, truncate(&axis_label(&t.label), LABEL_CHARS))
+    } else {
+        t.index.to_string()
+    }
+}
+
+/// The scale as a bar of 100 steps, with ticks at 0, 0.25, 0.5, 0.75 and 1, at (x, y).
+fn colour_bar(out: &mut String, x: f64, y: f64) {
+    let _ = writeln!(out, r#"<g class="scale" transform="translate({x:.1},{y:.1})">"#);
+    let _ = writeln!(out, r#"<text x="0" y="-4" font-size="10">attention weight (darker is more)</text>"#);
+    for i in 0..100 {
+        let w = (i as f32 + 0.5) / 100.0;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{}" y="0" width="2.2" height="10" fill="{}" data-w="{w:.3}"/>"#,
+            2 * i,
+            hex(shade(w))
+        );
+    }
+    for t in [0.0, 0.25, 0.5, 0.75, 1.0] {
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.0}" y1="10" x2="{x:.0}" y2="13" stroke="#333"/><text x="{x:.0}" y="22" font-size="9" text-anchor="middle">{t}</text>"##,
+            x = 200.0 * t
+        );
+    }
+    out.push_str("</g>\n");
+}
+
+fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
+    let c = lay.cell;
+    let _ = writeln!(
+        out,
+        r#"<g class="grid" data-title="{t}" transform="translate({x0:.1},{y0:.1})">"#,
+        t = xml_escape(&g.title)
+    );
+    let _ = writeln!(out, r#"<text x="0" y="12" font-size="12" font-weight="bold">{}</text>"#, xml_escape(&g.title));
+    let gx = lay.label_w; // the cells' left edge
+    let gy = lay.head_h; // their top edge
+    let offset = usize::from(g.before.is_some());
+    let ncols = g.cols.len() + offset;
+    let every = if lay.font > 0.0 { 1 } else { ncols.max(g.rows.len()).div_ceil(16).max(1) };
+    let size = if lay.font > 0.0 { lay.font } else { 8.0 };
+    // Key labels, upright above each column.
+    let mut col_label = |i: usize, text: &str| {
+        let x = gx + (i as f64 + 0.7) * c;
+        let _ = writeln!(
+            out,
+            r#"<text class="col" x="{x:.1}" y="{y:.1}" font-size="{size:.0}" transform="rotate(-90 {x:.1} {y:.1})">{}</text>"#,
+            xml_escape(text),
+            y = gy - 3.0,
+        );
+    };
+    if g.before.is_some() {
+        col_label(0, "‹ before");
+    }
+    for (i, t) in g.cols.iter().enumerate() {
+        if (i + offset) % every == 0 {
+            col_label(i + offset, &tick_text(t, lay.font > 0.0));
+        }
+    }
+    let _ = writeln!(
+        out,
+        r#"<rect x="{gx:.1}" y="{gy:.1}" width="{:.1}" height="{:.1}" fill="{MASKED}"/>"#,
+        c * ncols as f64,
+        c * g.rows.len() as f64
+    );
+    for (r, t) in g.rows.iter().enumerate() {
+        let y = gy + r as f64 * c;
+        if r % every == 0 {
+            let _ = writeln!(
+                out,
+                r#"<text class="row" x="{:.1}" y="{:.1}" font-size="{size:.0}" text-anchor="end">{}</text>"#,
+                gx - 3.0,
+                y + c * 0.8,
+                xml_escape(&tick_text(t, lay.font > 0.0))
+            );
+        }
+        let query = xml_escape(&format!("{} {}", t.index, axis_label(&t.label)));
+        let mut cell = |i: usize, w: f32, key: &str| {
+            let _ = writeln!(
+                out,
+                r#"<rect class="cell" x="{:.1}" y="{y:.1}" width="{c:.1}" height="{c:.1}" fill="{}" data-w="{w}"><title>{query} → {key}: {w:.4}</title></rect>"#,
+                gx + i as f64 * c,
+                hex(shade(w)),
+            );
+        };
+        if let Some(before) = &g.before {
+            cell(0, before[r], "every key before the window");
+        }
+        for (i, k) in g.cols.iter().enumerate() {
+            if let Some(w) = g.cell(r, i) {
+                cell(i + offset, w, &xml_escape(&format!("{} {}", k.index, axis_label(&k.label))));
+            }
+        }
+    }
+    if let Some(r) = g.decoded_from {
+        let y = gy + r as f64 * c;
+        let _ = writeln!(
+            out,
+            r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5"/>"#,
+            gx - lay.label_w + 4.0,
+            gx + c * ncols as f64 + 4.0,
+        );
+    }
+    out.push_str("</g>\n");
+}
+
+/// The grids as panels, `per_row` to a row, under `title` and the colour bar.
+pub fn svg(grids: &[Grid], per_row: usize, title: &str) -> String {
+    let lay = Layout::new(grids);
+    let per_row = per_row.clamp(1, grids.len().max(1));
+    let rows = grids.len().div_ceil(per_row);
+    let top = 70.0;
+    let width = (20.0 + lay.panel_w * per_row as f64).max(640.0);
+    let height = top + lay.panel_h * rows as f64;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="monospace" font-size="9">"#
+    );
+    let _ = writeln!(out, r#"<title>{}</title>"#, xml_escape(title));
+    let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
+    let _ = writeln!(out, r#"<text x="10" y="20" font-size="14">{}</text>"#, xml_escape(title));
+    colour_bar(&mut out, 10.0, 42.0);
+    let _ = writeln!(
+        out,
+        r#"<text x="240" y="46" font-size="9">grey: masked (a key after its query) · “·” is a space</text>"#
+    );
+    if grids.iter().any(|g| g.decoded_from.is_some()) {
+        let _ = writeln!(
+            out,
+            r#"<text x="240" y="58" font-size="9" fill="{DIVIDER}">orange line: the rows below it were decoded one at a time with the KV cache on</text>"#
+        );
+    }
+    for (i, g) in grids.iter().enumerate() {
+        panel(&mut out, g, &lay, 10.0 + (i % per_row) as f64 * lay.panel_w, top + (i / per_row) as f64 * lay.panel_h);
+    }
+    out.push_str("</svg>\n");
+    out
+}

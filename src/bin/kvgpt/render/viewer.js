@@ -1,0 +1,223 @@
+// kvgpt's attention viewer: everything it shows comes from the JSON in #kvgpt-data, written by
+// `kvgpt inspect attention --html`. Two views of one layer: lines from each query token (left)
+// to the keys it attends to (right), as bertviz draws them, and the heatmap with its axes. The
+// state (layer, head or "all", the query for the all-heads heatmap) is kept in the address's
+// #fragment, so a view can be linked to.
+"use strict";
+(function () {
+  const D = JSON.parse(document.getElementById("kvgpt-data").textContent);
+  const SVGNS = "http://www.w3.org/2000/svg";
+  const S = D.tokens.length;
+  const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
+  const state = { layer: D.layers[0], head: D.heads[0], query: S - 1 };
+  if (D.query !== null) { state.query = D.query; if (D.heads.length > 1) state.head = "all"; }
+  let hover = null; // {side: "q"|"k", pos} while the pointer is on a token
+
+  // The scale of kvgpt's terminal and SVG output: the same stops, interpolated the same way.
+  function shade(w) {
+    const p = D.palette, x = Math.min(Math.max(w, 0), 1) * (p.length - 1);
+    const i = Math.min(Math.floor(x), p.length - 2), f = x - i;
+    const c = [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
+    return "rgb(" + c.join(",") + ")";
+  }
+  function el(name, attrs, parent, text) {
+    const e = document.createElementNS(SVGNS, name);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function headColour(h) { return HEAD_COLOURS[h % HEAD_COLOURS.length]; }
+  // attn[layer index][head index][query] holds the weights on keys 0..query.
+  function row(layer, head, q) { return D.attn[D.layers.indexOf(layer)][D.heads.indexOf(head)][q]; }
+  function shownHeads() { return state.head === "all" ? D.heads : [state.head]; }
+  function tokenText(i) { return i + " " + D.tokens[i]; }
+  function say(text) { document.getElementById("readout").textContent = text; }
+
+  // --- lines: queries on the left, keys on the right ---------------------------------------
+  // The tokens are built once per view; hovering redraws only the lines and the highlights, so
+  // the element under the pointer stays (and a click on it lands).
+  const ROW_H = 18, LEFT_X = 150, RIGHT_X = 330, TOP = 24;
+  const lineY = (i) => TOP + i * ROW_H + ROW_H / 2;
+  function drawLines() {
+    const svg = document.getElementById("lines");
+    svg.replaceChildren();
+    svg.setAttribute("width", RIGHT_X + 160);
+    svg.setAttribute("height", TOP + S * ROW_H + 10);
+    el("text", { x: LEFT_X, y: 12, "text-anchor": "end", "font-size": 11, fill: "#555" }, svg, "query");
+    el("text", { x: RIGHT_X, y: 12, "font-size": 11, fill: "#555" }, svg, "key");
+    el("g", { id: "attn-lines" }, svg);
+    for (const side of ["q", "k"]) {
+      for (let i = 0; i < S; i++) {
+        const g = el("g", { class: "tok " + side, "data-pos": i }, svg);
+        el("rect", { class: "bg", x: side === "q" ? LEFT_X - 140 : RIGHT_X, y: TOP + i * ROW_H + 1, width: 140,
+          height: ROW_H - 2, rx: 2 }, g);
+        el("text", { x: side === "q" ? LEFT_X : RIGHT_X + 4, y: lineY(i) + 4, "font-size": 12,
+          "text-anchor": side === "q" ? "end" : "start", "data-pos": i }, g, D.tokens[i]);
+        g.addEventListener("mouseenter", () => { hover = { side: side, pos: i }; describeToken(side, i); paintLines(); });
+        g.addEventListener("mouseleave", () => { hover = null; paintLines(); });
+        if (side === "q") g.addEventListener("click", () => { state.query = i; update(); });
+      }
+    }
+    if (D.prompt_len < S) {
+      const yd = TOP + D.prompt_len * ROW_H;
+      el("line", { class: "divider", x1: 0, y1: yd, x2: RIGHT_X + 150, y2: yd }, svg);
+      el("text", { class: "divider-label", x: RIGHT_X + 64, y: yd + 12 }, svg, "↓ decoded with");
+      el("text", { class: "divider-label", x: RIGHT_X + 64, y: yd + 24 }, svg, "the KV cache on");
+    }
+    paintLines();
+  }
+  // The lines of the hovered token (all of them when none is), and the keys a hovered query
+  // reads shaded by their weight (one head).
+  function paintLines() {
+    const lines = document.getElementById("attn-lines");
+    lines.replaceChildren();
+    for (const h of shownHeads()) {
+      for (let q = 0; q < S; q++) {
+        if (hover && hover.side === "q" && hover.pos !== q) continue;
+        const r = row(state.layer, h, q);
+        for (let k = 0; k <= q; k++) {
+          if (hover && hover.side === "k" && hover.pos !== k) continue;
+          el("line", {
+            class: "attn", x1: LEFT_X + 6, y1: lineY(q), x2: RIGHT_X - 6, y2: lineY(k),
+            stroke: headColour(h), "stroke-width": 2, "stroke-opacity": r[k],
+            "data-head": h, "data-q": q, "data-k": k, "data-w": r[k],
+          }, lines);
+        }
+      }
+    }
+    const reading = hover && hover.side === "q" && state.head !== "all" ? row(state.layer, state.head, hover.pos) : null;
+    for (const g of document.querySelectorAll("#lines .tok")) {
+      const side = g.classList.contains("q") ? "q" : "k", i = Number(g.dataset.pos);
+      const bg = g.querySelector("rect.bg"), text = g.querySelector("text");
+      g.classList.toggle("active", (hover !== null && hover.side === side && hover.pos === i) ||
+        (side === "q" && state.head === "all" && i === state.query));
+      if (side === "k" && reading && i < reading.length) {
+        bg.setAttribute("style", "fill:" + shade(reading[i]));
+        bg.setAttribute("data-w", reading[i]);
+        text.setAttribute("fill", reading[i] > 0.55 ? "#fff" : "#222");
+      } else {
+        bg.removeAttribute("style");
+        bg.removeAttribute("data-w");
+        text.setAttribute("fill", "#222");
+      }
+    }
+  }
+  function describeToken(side, i) {
+    if (state.head === "all") {
+      say(side === "q" ? "query " + tokenText(i) + " (click to show it over every head)"
+        : "key " + tokenText(i));
+      return;
+    }
+    if (side === "q") {
+      const r = row(state.layer, state.head, i);
+      let best = 0;
+      for (let k = 1; k <= i; k++) if (r[k] > r[best]) best = k;
+      say("layer " + state.layer + " head " + state.head + ": " + tokenText(i) + " attends most to " +
+        tokenText(best) + " (" + r[best].toFixed(4) + ")");
+    } else {
+      let total = 0;
+      for (let q = i; q < S; q++) total += row(state.layer, state.head, q)[i];
+      say("layer " + state.layer + " head " + state.head + ": " + tokenText(i) + " gets " +
+        total.toFixed(4) + " of the weight of " + (S - i) + " queries");
+    }
+  }
+
+  // --- heatmap: one head's queries × keys, or one query's heads × keys -----------------------
+  function drawGrid() {
+    const svg = document.getElementById("grid");
+    svg.replaceChildren();
+    const all = state.head === "all";
+    const rows = all ? D.heads.map((h) => ({ label: "head " + h, head: h, q: state.query }))
+      : Array.from({ length: S }, (_, q) => ({ label: tokenText(q), head: state.head, q: q }));
+    const ncols = all ? state.query + 1 : S;
+    const cell = Math.max(6, Math.min(22, Math.floor(480 / Math.max(ncols, rows.length))));
+    const every = Math.max(1, Math.ceil(11 / cell));
+    const lw = 130, top = 110;
+    svg.setAttribute("width", lw + ncols * cell + 190);
+    svg.setAttribute("height", top + rows.length * cell + 20);
+    document.getElementById("grid-caption").textContent = all
+      ? "Layer " + state.layer + ", every head: query " + tokenText(state.query) +
+        " (rows are heads, columns keys). Click a query token on the left to choose another."
+      : "Layer " + state.layer + " head " + state.head + ": rows are queries, columns keys.";
+    el("rect", { x: lw, y: top, width: ncols * cell, height: rows.length * cell, fill: D.masked }, svg);
+    for (let k = 0; k < ncols; k++) {
+      if (k % every) continue;
+      const x = lw + k * cell + cell * 0.7;
+      el("text", { class: "col-label", x: x, y: top - 4, "font-size": 10,
+        transform: "rotate(-90 " + x + " " + (top - 4) + ")" }, svg, tokenText(k));
+    }
+    rows.forEach((r, i) => {
+      if (i % every === 0) {
+        el("text", { class: "row-label", x: lw - 4, y: top + i * cell + cell * 0.75, "font-size": 10,
+          "text-anchor": "end" }, svg, r.label);
+      }
+      const ws = row(state.layer, r.head, r.q);
+      for (let k = 0; k <= r.q && k < ncols; k++) {
+        const c = el("rect", { class: "cell", x: lw + k * cell, y: top + i * cell, width: cell, height: cell,
+          fill: shade(ws[k]), "data-head": r.head, "data-q": r.q, "data-k": k, "data-w": ws[k] }, svg);
+        c.addEventListener("mouseenter", () => {
+          say("layer " + state.layer + " head " + r.head + ": " + tokenText(r.q) + " → " + tokenText(k) +
+            ": " + ws[k].toFixed(4));
+          if (!all) { hover = { side: "q", pos: r.q }; paintLines(); }
+        });
+      }
+    });
+    if (!all && D.prompt_len < S) {
+      const yd = top + D.prompt_len * cell;
+      el("line", { class: "divider", x1: lw - 60, y1: yd, x2: lw + ncols * cell + 6, y2: yd }, svg);
+      el("text", { class: "divider-label", x: lw + ncols * cell + 8, y: yd + 3 }, svg, "decoded with the KV cache on ↓");
+    }
+  }
+
+  // --- the colour scale, with values -------------------------------------------------------
+  function drawScale() {
+    const svg = document.getElementById("scale");
+    svg.replaceChildren();
+    svg.setAttribute("width", 420);
+    svg.setAttribute("height", 46);
+    const g = el("g", { transform: "translate(10,0)" }, svg);
+    el("text", { x: 0, y: 11, "font-size": 11 }, g, "attention weight (darker is more; grey: masked)");
+    for (let i = 0; i < 100; i++) {
+      el("rect", { class: "step", x: 2 * i, y: 16, width: 2.2, height: 12, fill: shade((i + 0.5) / 100) }, g);
+    }
+    for (const t of [0, 0.25, 0.5, 0.75, 1]) {
+      el("line", { x1: 200 * t, y1: 28, x2: 200 * t, y2: 31, stroke: "#333" }, g);
+      el("text", { class: "tick", x: 200 * t, y: 41, "font-size": 10, "text-anchor": "middle" }, g, String(t));
+    }
+  }
+
+  // --- state <-> controls <-> #fragment ------------------------------------------------------
+  function readHash() {
+    const p = new URLSearchParams(location.hash.slice(1));
+    const l = Number(p.get("layer")), h = p.get("head"), q = Number(p.get("query"));
+    if (p.has("layer") && D.layers.includes(l)) state.layer = l;
+    if (h === "all") state.head = "all";
+    else if (h !== null && D.heads.includes(Number(h))) state.head = Number(h);
+    if (p.has("query") && Number.isInteger(q) && q >= 0 && q < S) state.query = q;
+  }
+  function update() {
+    document.getElementById("layer").value = String(state.layer);
+    document.getElementById("head").value = String(state.head);
+    const frag = "#layer=" + state.layer + "&head=" + state.head + "&query=" + state.query;
+    if (location.hash !== frag) history.replaceState(null, "", frag);
+    hover = null;
+    drawLines();
+    drawGrid();
+  }
+  const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
+  for (const l of D.layers) layerSel.appendChild(new Option("layer " + l, String(l)));
+  for (const h of D.heads) headSel.appendChild(new Option("head " + h, String(h)));
+  if (D.heads.length > 1) headSel.appendChild(new Option("all heads", "all"));
+  layerSel.addEventListener("change", () => { state.layer = Number(layerSel.value); update(); });
+  headSel.addEventListener("change", () => {
+    state.head = headSel.value === "all" ? "all" : Number(headSel.value);
+    update();
+  });
+  window.addEventListener("hashchange", () => { readHash(); update(); });
+  readHash();
+  drawScale();
+  update();
+  document.body.setAttribute("data-ready", "1");
+})();

@@ -1,0 +1,324 @@
+//! The HTML attention viewer in a real browser: Debian's headless Chromium, driven over WebDriver
+//! by its chromedriver. The page loads nothing from anywhere; its pickers, hover lines, heatmap,
+//! divider and all-heads view show HF's attention weights (the fixture's reference); and its
+//! screenshot shows the colours the DOM says, darker for more weight.
+//!
+//! Without `chromium` and `chromedriver` on PATH the test says it skipped, unless
+//! KVGPT_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser fails it.
+
+mod common;
+
+use base64::Engine as _;
+use common::*;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+}
+
+/// A chromedriver on a free loopback port, and one headless Chromium session of it.
+struct Browser {
+    driver: Child,
+    base: String,
+    session: String,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = ureq::delete(&format!("{}/session/{}", self.base, self.session)).call();
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Browser {
+    fn start(chromium: &Path, driver: &Path, profile: &Path) -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        while ureq::get(&format!("{base}/status")).call().is_err() {
+            assert!(start.elapsed() < Duration::from_secs(30), "chromedriver did not answer on {base}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The flags this machine's closed network needs (no background fetches), and a new profile.
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,1000",
+            "--force-device-scale-factor=1",
+        ];
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.push(format!("--user-data-dir={}", profile.display()));
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium.to_string_lossy(), "args": args}}}});
+        let r: Value =
+            ureq::post(&format!("{base}/session")).send_json(caps).expect("a Chromium session").into_json().unwrap();
+        let session = r["value"]["sessionId"].as_str().unwrap().to_string();
+        Browser { driver: child, base, session }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}/session/{}{path}", self.base, self.session);
+        let r = match method {
+            "GET" => ureq::get(&url).call(),
+            _ => ureq::post(&url).send_json(body),
+        };
+        match r {
+            Ok(r) => r.into_json::<Value>().unwrap()["value"].take(),
+            Err(ureq::Error::Status(_, r)) => panic!("{method} {path}: {}", r.into_string().unwrap()),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", "/url", json!({ "url": url }));
+        let start = Instant::now();
+        while self.js("return document.body && document.body.dataset.ready === '1'", json!([])) != json!(true) {
+            assert!(start.elapsed() < Duration::from_secs(20), "the viewer did not get ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn js(&self, script: &str, args: Value) -> Value {
+        self.call("POST", "/execute/sync", json!({ "script": script, "args": args }))
+    }
+
+    fn element(&self, css: &str) -> String {
+        let v = self.call("POST", "/element", json!({ "using": "css selector", "value": css }));
+        v.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string()
+    }
+
+    fn click(&self, css: &str) {
+        let id = self.element(css);
+        self.call("POST", &format!("/element/{id}/click"), json!({}));
+    }
+
+    /// Moves the real pointer onto the element, as a user's mouse would.
+    fn hover(&self, css: &str) {
+        let id = self.element(css);
+        let origin = json!({ "element-6066-11e4-a52e-4f735466cecf": id });
+        self.call(
+            "POST",
+            "/actions",
+            json!({"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
+                "actions": [{"type": "pointerMove", "duration": 0, "origin": origin, "x": 0, "y": 0}]}]}),
+        );
+    }
+
+    fn screenshot(&self) -> Vec<u8> {
+        let b64 = self.call("GET", "/screenshot", json!(null));
+        base64::engine::general_purpose::STANDARD.decode(b64.as_str().unwrap()).unwrap()
+    }
+}
+
+/// `[[q, k, w, head], …]` of every element matching `css` with data-q/k/w/head.
+fn weighted(b: &Browser, css: &str) -> Vec<(usize, usize, f64, usize)> {
+    let v = b.js(
+        "return [...document.querySelectorAll(arguments[0])].map(e => [+e.dataset.q, +e.dataset.k, +e.dataset.w, +e.dataset.head])",
+        json!([css]),
+    );
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r[0].as_u64().unwrap() as usize,
+                r[1].as_u64().unwrap() as usize,
+                r[2].as_f64().unwrap(),
+                r[3].as_u64().unwrap() as usize,
+            )
+        })
+        .collect()
+}
+
+fn rgb(css: &str) -> [u8; 3] {
+    let inner = css.trim_start_matches("rgb(").trim_end_matches(')');
+    let v: Vec<u8> = inner.split(',').map(|x| x.trim().parse().unwrap()).collect();
+    [v[0], v[1], v[2]]
+}
+
+fn luma(c: [u8; 3]) -> f64 {
+    0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64
+}
+
+#[test]
+fn the_html_viewer_in_headless_chromium() {
+    let (Some(chromium), Some(driver)) = (on_path("chromium"), on_path("chromedriver")) else {
+        let required = std::env::var_os("KVGPT_REQUIRE_BROWSER").is_some_and(|v| v == "1");
+        assert!(!required, "KVGPT_REQUIRE_BROWSER=1 but chromium or chromedriver is not on PATH (Debian: apt-get install chromium chromium-driver)");
+        eprintln!("SKIPPED the_html_viewer_in_headless_chromium: chromium and chromedriver are not on PATH (Debian: apt-get install chromium chromium-driver)");
+        return;
+    };
+    let reference = Reference::load();
+    let p = &reference.prompts()[1];
+    let t = p.ids.len();
+    let gen = 3;
+    let s = t + gen;
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("attention.html");
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["inspect", "attention", &p.text, "--model", &m, "--generate", &gen.to_string(), "--json"])
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The decoded rows (no reference has them) are checked against the engine's own --json,
+    // whose prompt rows tests/inspect.rs checks against the reference.
+    let engine: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = Browser::start(&chromium, &driver, &dir.path().join("profile"));
+    let url = format!("file://{}", page.display());
+    b.open(&url);
+
+    // Self-contained: nothing was fetched, nothing points anywhere.
+    assert_eq!(b.js("return performance.getEntriesByType('resource').length", json!([])), json!(0));
+    assert_eq!(b.js("return document.querySelectorAll('[src],[href],link,iframe,img').length", json!([])), json!(0));
+    // The pickers: every layer, every head and "all".
+    let options =
+        |id: &str| b.js(&format!("return [...document.querySelectorAll('#{id} option')].map(o => o.value)"), json!([]));
+    assert_eq!(options("layer"), json!(["0", "1"]));
+    assert_eq!(options("head"), json!(["0", "1", "2", "3", "all"]));
+
+    // Layer 1, head 2, picked as a user picks them.
+    b.click("#layer option[value='1']");
+    b.click("#head option[value='2']");
+    assert_eq!(b.js("return location.hash", json!([])), json!(format!("#layer=1&head=2&query={}", s - 1)));
+    let (_, want) = reference.tensor("p1.attn.1").unwrap();
+    let hf = |h: usize, q: usize, k: usize| want[(h * t + q) * t + k] as f64;
+    let ours = |l: usize, h: usize, q: usize, k: usize| engine["attention"][l][h][q][k].as_f64().unwrap();
+    let cells = weighted(&b, "#grid .cell");
+    assert_eq!(cells.len(), s * (s + 1) / 2, "one cell per query and key at or before it");
+    for &(q, k, w, h) in &cells {
+        assert!(k <= q && h == 2);
+        let expect = if q < t { hf(2, q, k) } else { ours(1, 2, q, k) };
+        assert!((w - expect).abs() < 2e-4, "cell {q},{k}: {w} vs {expect}");
+    }
+    // Axis labels on both sides: every position, with its token.
+    let tokens = engine["tokens"].as_array().unwrap();
+    let labels =
+        |css: &str| b.js(&format!("return [...document.querySelectorAll('{css}')].map(e => e.textContent)"), json!([]));
+    let axis = |i: usize| format!("{i} {}", tokens[i].as_str().unwrap().replace(' ', "·"));
+    let expected: Vec<String> = (0..s).map(axis).collect();
+    assert_eq!(labels("#grid .col-label"), json!(expected));
+    assert_eq!(labels("#grid .row-label"), json!(expected));
+    // The divider runs between the last prompt row and the first decoded one.
+    let divider_y = b.js("return +document.querySelector('#grid .divider').getAttribute('y1')", json!([]));
+    let first_decoded_y =
+        b.js(&format!("return +document.querySelector('#grid .cell[data-q=\"{t}\"]').getAttribute('y')"), json!([]));
+    assert_eq!(divider_y, first_decoded_y);
+    assert_eq!(b.js("return document.querySelectorAll('#lines .divider').length", json!([])), json!(1));
+
+    // Hover a query token: its lines only, one per key at or before it, as strong as its weights;
+    // the keys it reads shaded by them; the readout names what it attends to most.
+    let q = 9;
+    b.hover(&format!("#lines .tok.q[data-pos='{q}'] text"));
+    let lines = weighted(&b, "#attn-lines line");
+    assert_eq!(lines.len(), q + 1);
+    for &(lq, k, w, h) in &lines {
+        assert_eq!((lq, h), (q, 2));
+        assert!((w - hf(2, q, k)).abs() < 2e-4, "line {q}→{k}: {w} vs {}", hf(2, q, k));
+    }
+    let opacity = b.js(
+        "return [...document.querySelectorAll('#attn-lines line')].map(l => +l.getAttribute('stroke-opacity'))",
+        json!([]),
+    );
+    assert_eq!(opacity, json!(lines.iter().map(|l| l.2).collect::<Vec<_>>()));
+    let best = (0..=q).max_by(|&a, &c| hf(2, q, a).total_cmp(&hf(2, q, c))).unwrap();
+    let readout = b.js("return document.getElementById('readout').textContent", json!([]));
+    assert!(readout.as_str().unwrap().contains(&format!("attends most to {}", axis(best))), "{readout}");
+    let shaded = b.js("return [...document.querySelectorAll('#lines .tok.k rect.bg[data-w]')].length", json!([]));
+    assert_eq!(shaded, json!(q + 1));
+    // Hover a key token: the lines into it, from it and every later query.
+    let k = 4;
+    b.hover(&format!("#lines .tok.k[data-pos='{k}'] text"));
+    let lines = weighted(&b, "#attn-lines line");
+    assert_eq!(lines.iter().map(|l| l.0).collect::<Vec<_>>(), (k..s).collect::<Vec<_>>());
+    assert!(lines.iter().all(|l| l.1 == k));
+
+    // The screenshot shows what the DOM says: each cell's pixels are its fill, more weight is
+    // darker, and a masked cell is grey.
+    b.hover("h1");
+    let png_bytes = b.screenshot();
+    std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("attention-viewer.png"), &png_bytes).unwrap();
+    let decoder = png::Decoder::new(std::io::Cursor::new(&png_bytes));
+    let mut reader = decoder.read_info().unwrap();
+    let mut img = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut img).unwrap();
+    let px = |x: f64, y: f64| -> [u8; 3] {
+        let ch = info.color_type.samples();
+        let at = (y as usize * info.width as usize + x as usize) * ch;
+        [img[at], img[at + 1], img[at + 2]]
+    };
+    let boxes = b.js(
+        "return [...document.querySelectorAll('#grid .cell')].map(e => { const r = e.getBoundingClientRect(); \
+         return [r.x + r.width / 2, r.y + r.height / 2, +e.dataset.w, getComputedStyle(e).fill]; })",
+        json!([]),
+    );
+    let mut seen = Vec::new();
+    for bx in boxes.as_array().unwrap() {
+        let (x, y, w, fill) =
+            (bx[0].as_f64().unwrap(), bx[1].as_f64().unwrap(), bx[2].as_f64().unwrap(), rgb(bx[3].as_str().unwrap()));
+        let got = px(x, y);
+        assert!((0..3).all(|c| got[c].abs_diff(fill[c]) <= 2), "pixel at {x},{y}: {got:?}, fill {fill:?}");
+        seen.push((w, luma(got)));
+    }
+    seen.sort_by(|a, c| a.0.total_cmp(&c.0));
+    for pair in seen.windows(2) {
+        assert!(pair[1].1 <= pair[0].1 + 1.0, "more weight must not be lighter: {pair:?}");
+    }
+    assert!(seen[0].1 > 230.0 && seen.last().unwrap().1 < 140.0, "the scale runs from near white to dark: {seen:?}");
+    let masked = b.js(
+        "const c = document.querySelector('#grid .cell[data-q=\"0\"][data-k=\"0\"]').getBoundingClientRect(); \
+         return [c.x + c.width * 1.5, c.y + c.height / 2]",
+        json!([]),
+    );
+    assert_eq!(px(masked[0].as_f64().unwrap(), masked[1].as_f64().unwrap()), [0xd9; 3], "a masked cell is grey");
+
+    // All heads: one query over every head, chosen by clicking its token; the address keeps it.
+    b.click("#head option[value='all']");
+    let qa = 6;
+    b.click(&format!("#lines .tok.q[data-pos='{qa}'] text"));
+    assert_eq!(b.js("return location.hash", json!([])), json!(format!("#layer=1&head=all&query={qa}")));
+    let cells = weighted(&b, "#grid .cell");
+    assert_eq!(cells.len(), 4 * (qa + 1));
+    for &(cq, k, w, h) in &cells {
+        assert_eq!(cq, qa);
+        assert!((w - hf(h, qa, k)).abs() < 2e-4, "head {h} key {k}: {w} vs {}", hf(h, qa, k));
+    }
+    let colours = b.js(
+        "return new Set([...document.querySelectorAll('#attn-lines line')].map(l => l.getAttribute('stroke'))).size",
+        json!([]),
+    );
+    assert_eq!(colours, json!(4), "one colour per head");
+    // Still on the clicked token: its lines in every head; away from it, every line.
+    let count = || b.js("return document.querySelectorAll('#attn-lines line').length", json!([]));
+    assert_eq!(count(), json!(4 * (qa + 1)));
+    b.hover("h1");
+    assert_eq!(count(), json!(4 * s * (s + 1) / 2));
+
+    // A linked view opens as linked.
+    b.open(&format!("{url}#layer=0&head=3&query=2"));
+    assert_eq!(b.js("return [layer.value, head.value]", json!([])), json!(["0", "3"]));
+    let (_, want0) = reference.tensor("p1.attn.0").unwrap();
+    let cells = weighted(&b, "#grid .cell[data-q='5']");
+    assert_eq!(cells.len(), 6);
+    for &(_, k, w, _) in &cells {
+        assert!((w - want0[(3 * t + 5) * t + k] as f64).abs() < 2e-4);
+    }
+}
