@@ -4,7 +4,7 @@ use crate::{load, print_json, ModelArgs, Outcome};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use kvgpt::bench::{mean_sd, peak_rss_bytes, percentile, probe_read_bandwidth, BenchSpec, Row, Test};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -79,143 +79,182 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let threads = rayon::current_num_threads();
     let weight_bytes = m.weight_bytes();
     let kv_bytes = kvgpt::KvCache::new(cfg).bytes();
-    let header = json!({
-        "model": loaded.files.name,
-        "n_layer": cfg.n_layer, "n_embd": cfg.n_embd, "n_head": cfg.n_head, "n_positions": cfg.n_positions,
-        "dtype": m.weights_dtype(),
-        "threads": threads,
-        "isa": m.isa().name(),
-        "cpu_features": kvgpt_kernels::cpu_features(),
-        "git": env!("KVGPT_GIT_REV"),
-        "load_ms": load_ms,
-        "weight_bytes": weight_bytes,
-        "kv_cache_bytes": kv_bytes,
-        "peak_rss_bytes": rss,
-        "read_bandwidth_gb_s": bw,
-    });
-    let json_rows: Vec<Value> = rows.iter().map(|r| row_json(r, &header, weight_bytes)).collect();
+    let header = Header {
+        model: loaded.files.name.clone(),
+        n_layer: cfg.n_layer,
+        n_embd: cfg.n_embd,
+        n_head: cfg.n_head,
+        dtype: m.weights_dtype(),
+        threads,
+        isa: m.isa().name(),
+        cpu_features: kvgpt_kernels::cpu_features(),
+        git: env!("KVGPT_GIT_REV"),
+        load_ms,
+        weight_bytes,
+        kv_cache_bytes: kv_bytes,
+        peak_rss_bytes: rss,
+        read_bandwidth_gb_s: bw,
+    };
+    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header)).collect();
     match a.output {
-        Format::Json => print_json(&Value::Array(json_rows))?,
-        Format::Csv => print_csv(&json_rows)?,
-        Format::Md => print_md(&header, &rows, &json_rows, load_ms)?,
+        Format::Json => print_json(&serde_json::to_value(&reports)?)?,
+        Format::Csv => print_csv(&reports)?,
+        Format::Md => print_md(&header, &rows, &reports)?,
     }
     Ok(Outcome::Done)
 }
 
-fn row_json(r: &Row, h: &Value, weight_bytes: usize) -> Value {
-    let (avg, sd) = mean_sd(&r.tok_s);
-    let (prompt, gen, mode) = match r.test {
-        Test::Prefill { prompt } => (prompt, 0, "cached"),
-        Test::Decode { prompt, gen, cached } => (prompt, gen, if cached { "cached" } else { "uncached" }),
-        Test::Batched { prompt, gen, .. } => (prompt, gen, "batched"),
-    };
-    let mut v = json!({
-        "test": r.test.name(),
-        "mode": mode,
-        "prompt_tokens": prompt,
-        "gen_tokens": gen,
-        "dtype": h["dtype"],
-        "threads": h["threads"],
-        "reps": r.tok_s.len(),
-        "tok_s_avg": avg,
-        "tok_s_sd": sd,
-        "p50_ms": percentile(&r.step_ms, 50.0),
-        "p90_ms": percentile(&r.step_ms, 90.0),
-        "p99_ms": percentile(&r.step_ms, 99.0),
-        "peak_rss_mb": h["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-        "load_ms": h["load_ms"],
-        "read_bandwidth_gb_s": h["read_bandwidth_gb_s"],
-        "isa": h["isa"],
-        "cpu_features": h["cpu_features"],
-        "git": h["git"],
-    });
-    v["batch"] = json!(match r.test {
-        Test::Batched { batch, .. } => batch,
-        _ => 1,
-    });
-    match r.test {
-        Test::Prefill { .. } => v["ttft_ms"] = json!(mean_sd(&r.step_ms).0),
-        Test::Decode { cached: true, .. } => v["weight_gb_s"] = json!(weight_bytes as f64 * avg / 1e9),
-        _ => {}
-    }
-    v
+/// What the run was: printed above the table, and repeated in every JSON and CSV row.
+struct Header {
+    model: String,
+    n_layer: usize,
+    n_embd: usize,
+    n_head: usize,
+    dtype: &'static str,
+    threads: usize,
+    isa: &'static str,
+    cpu_features: Vec<&'static str>,
+    git: &'static str,
+    load_ms: f64,
+    weight_bytes: usize,
+    kv_cache_bytes: usize,
+    peak_rss_bytes: u64,
+    read_bandwidth_gb_s: f64,
 }
 
-fn print_csv(rows: &[Value]) -> Result<()> {
-    let cols = [
-        "test",
-        "mode",
-        "prompt_tokens",
-        "gen_tokens",
-        "dtype",
-        "threads",
-        "reps",
-        "tok_s_avg",
-        "tok_s_sd",
-        "p50_ms",
-        "p90_ms",
-        "p99_ms",
-        "ttft_ms",
-        "weight_gb_s",
-        "peak_rss_mb",
-        "git",
-        "batch",
-    ];
-    outln!("{}", cols.join(","));
+/// One row of the report, as the table, JSON and CSV show it.
+#[derive(Serialize)]
+struct RowReport<'a> {
+    test: String,
+    mode: &'static str,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    dtype: &'static str,
+    threads: usize,
+    reps: usize,
+    tok_s_avg: f64,
+    tok_s_sd: f64,
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    /// Prefill rows: the mean time of one prefill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ttft_ms: Option<f64>,
+    /// Cached decode rows: weight bytes read per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight_gb_s: Option<f64>,
+    peak_rss_mb: f64,
+    load_ms: f64,
+    read_bandwidth_gb_s: f64,
+    isa: &'static str,
+    cpu_features: &'a [&'static str],
+    git: &'static str,
+    batch: usize,
+}
+
+impl<'a> RowReport<'a> {
+    fn of(r: &Row, h: &'a Header) -> RowReport<'a> {
+        let (avg, sd) = mean_sd(&r.tok_s);
+        let (prompt, gen, mode, batch) = match r.test {
+            Test::Prefill { prompt } => (prompt, 0, "cached", 1),
+            Test::Decode { prompt, gen, cached } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
+            Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
+        };
+        RowReport {
+            test: r.test.name(),
+            mode,
+            prompt_tokens: prompt,
+            gen_tokens: gen,
+            dtype: h.dtype,
+            threads: h.threads,
+            reps: r.tok_s.len(),
+            tok_s_avg: avg,
+            tok_s_sd: sd,
+            p50_ms: percentile(&r.step_ms, 50.0),
+            p90_ms: percentile(&r.step_ms, 90.0),
+            p99_ms: percentile(&r.step_ms, 99.0),
+            ttft_ms: matches!(r.test, Test::Prefill { .. }).then(|| mean_sd(&r.step_ms).0),
+            weight_gb_s: matches!(r.test, Test::Decode { cached: true, .. }).then(|| h.weight_bytes as f64 * avg / 1e9),
+            peak_rss_mb: h.peak_rss_bytes as f64 / 1e6,
+            load_ms: h.load_ms,
+            read_bandwidth_gb_s: h.read_bandwidth_gb_s,
+            isa: h.isa,
+            cpu_features: &h.cpu_features,
+            git: h.git,
+            batch,
+        }
+    }
+}
+
+fn print_csv(rows: &[RowReport]) -> Result<()> {
+    outln!(
+        "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
+         weight_gb_s,peak_rss_mb,git,batch"
+    );
+    let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
-        let cells: Vec<String> = cols
-            .iter()
-            .map(|c| match &r[*c] {
-                Value::Null => String::new(),
-                Value::String(s) => s.clone(),
-                v => v.to_string(),
-            })
-            .collect();
-        outln!("{}", cells.join(","));
+        outln!(
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            r.test,
+            r.mode,
+            r.prompt_tokens,
+            r.gen_tokens,
+            r.dtype,
+            r.threads,
+            r.reps,
+            r.tok_s_avg,
+            r.tok_s_sd,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            opt(r.ttft_ms),
+            opt(r.weight_gb_s),
+            r.peak_rss_mb,
+            r.git,
+            r.batch
+        );
     }
     Ok(())
 }
 
-fn print_md(h: &Value, rows: &[Row], js: &[Value], load_ms: f64) -> Result<()> {
-    let mb = |k: &str| h[k].as_f64().unwrap_or(0.0) / 1e6;
+fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
+    let load_ms = h.load_ms;
     outln!(
         "kvgpt bench — {} ({} layers, n_embd {}, {} heads) | dtype {} | {} threads | isa {} | cpu {} | git {}",
-        h["model"].as_str().unwrap_or(""),
-        h["n_layer"],
-        h["n_embd"],
-        h["n_head"],
-        h["dtype"].as_str().unwrap_or(""),
-        h["threads"],
-        h["isa"].as_str().unwrap_or(""),
-        h["cpu_features"]
-            .as_array()
-            .map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default(),
-        h["git"].as_str().unwrap_or(""),
+        h.model,
+        h.n_layer,
+        h.n_embd,
+        h.n_head,
+        h.dtype,
+        h.threads,
+        h.isa,
+        h.cpu_features.join(" "),
+        h.git,
     );
-    let (w, kv, rss) = (mb("weight_bytes"), mb("kv_cache_bytes"), mb("peak_rss_bytes"));
+    let mb = |b: f64| b / 1e6;
+    let (w, kv, rss) = (mb(h.weight_bytes as f64), mb(h.kv_cache_bytes as f64), mb(h.peak_rss_bytes as f64));
     outln!(
         "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
         rss / (w + kv),
-        h["read_bandwidth_gb_s"].as_f64().unwrap_or(0.0)
+        h.read_bandwidth_gb_s
     );
     outln!("Only forward passes are timed: tokenization and sampling are excluded (synthetic ids, argmax outside the timer).\n");
     outln!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
     outln!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
-    for r in js {
-        let f = |k: &str, p: usize| r[k].as_f64().map(|x| format!("{x:.p$}")).unwrap_or_default();
+    for r in reports {
+        let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_default();
         outln!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r["test"].as_str().unwrap_or(""),
-            r["prompt_tokens"],
-            r["mode"].as_str().unwrap_or(""),
-            f("tok_s_avg", 1),
-            f("tok_s_sd", 1),
-            f("p50_ms", 2),
-            f("p90_ms", 2),
-            f("p99_ms", 2),
-            f("ttft_ms", 1),
-            f("weight_gb_s", 1),
+            "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            r.test,
+            r.prompt_tokens,
+            r.mode,
+            r.tok_s_avg,
+            r.tok_s_sd,
+            r.p50_ms,
+            r.p90_ms,
+            r.p99_ms,
+            opt(r.ttft_ms),
+            opt(r.weight_gb_s),
         );
     }
     // Cached against uncached decoding per context length.

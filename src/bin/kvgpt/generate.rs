@@ -7,6 +7,7 @@ use kvgpt::stop::StopMatcher;
 use kvgpt::{
     generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, Step, StreamDecoder, Tokenizer,
 };
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
@@ -156,15 +157,32 @@ pub fn sampler_words(s: &Sampling) -> String {
 }
 
 /// One generated token with its log-probability and the most likely alternatives (the server's
-/// numbers: `kvgpt::scheduler::token_logprob`).
-fn logprob_entry(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> Value {
-    let lp = kvgpt::scheduler::token_logprob(logits, id, k);
-    json!({
-        "id": id,
-        "token": tok.token_label(id),
-        "logprob": lp.logprob,
-        "top": lp.top.iter().map(|&(i, l)| json!({"id": i, "token": tok.token_label(i), "logprob": l})).collect::<Vec<_>>(),
-    })
+/// numbers: `kvgpt::scheduler::token_logprob`), as `--json` and the text report show it.
+#[derive(Serialize)]
+struct LogprobEntry {
+    id: u32,
+    token: String,
+    logprob: f64,
+    top: Vec<Alternative>,
+}
+
+#[derive(Serialize)]
+struct Alternative {
+    id: u32,
+    token: String,
+    logprob: f64,
+}
+
+impl LogprobEntry {
+    fn of(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> LogprobEntry {
+        let lp = kvgpt::scheduler::token_logprob(logits, id, k);
+        LogprobEntry {
+            id,
+            token: tok.token_label(id),
+            logprob: lp.logprob,
+            top: lp.top.iter().map(|&(i, l)| Alternative { id: i, token: tok.token_label(i), logprob: l }).collect(),
+        }
+    }
 }
 
 pub fn run(a: &GenerateArgs) -> Result<Outcome> {
@@ -215,7 +233,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     };
     let g = generate_from(model, &mut seq, &opts, &mut |id, logits| {
         if let Some(k) = a.logprobs {
-            logprobs.push(logprob_entry(tok, id, logits, k));
+            logprobs.push(LogprobEntry::of(tok, id, logits, k));
         }
         if opts.stop_at_eos && id == eos {
             return Ok(Step::Go); // the loop ends here; the text ends without it
@@ -262,7 +280,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             },
         });
         if a.logprobs.is_some() {
-            out["logprobs"] = Value::Array(std::mem::take(&mut logprobs));
+            out["logprobs"] = serde_json::to_value(&logprobs)?;
         }
         drop(stdout);
         print_json(&out)?;
@@ -272,19 +290,12 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         if a.logprobs.is_some() {
             errln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
             for (i, e) in logprobs.iter().enumerate() {
-                let alts: Vec<String> = e["top"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| {
-                        format!("{:?} {:.3}", c["token"].as_str().unwrap_or(""), c["logprob"].as_f64().unwrap_or(0.0))
-                    })
-                    .collect();
+                let alts: Vec<String> = e.top.iter().map(|c| format!("{:?} {:.3}", c.token, c.logprob)).collect();
                 errln!(
                     "  {i:>3} {:>6} {:<16} {:>8.3}  | {}",
-                    e["id"].as_u64().unwrap_or(0),
-                    format!("{:?}", e["token"].as_str().unwrap_or("")),
-                    e["logprob"].as_f64().unwrap_or(0.0),
+                    e.id,
+                    format!("{:?}", e.token),
+                    e.logprob,
                     alts.join(", ")
                 );
             }

@@ -3,42 +3,68 @@
 #[allow(unused_imports)]
 use super::*;
 
-pub(super) fn tokens(c: &Common) -> Result<()> {
-    let s = Session::open(c)?;
-    let tok = &s.loaded.tokenizer;
-    let mut offsets = Vec::with_capacity(s.ids.len());
-    let mut at = 0usize;
-    for &id in &s.ids {
-        let n = tok.token_bytes(id).len();
-        offsets.push([at, at + n]);
-        at += n;
-    }
-    let bytes: Vec<&[u8]> = s.ids.iter().map(|&i| tok.token_bytes(i)).collect();
-    let partial: Vec<bool> = s.ids.iter().map(|&i| tok.is_partial(i)).collect();
-    if c.io.json {
-        print_json(&json!({
-            "ids": s.ids,
-            "tokens": s.labels(&s.ids),
-            "pieces": s.ids.iter().map(|&i| tok.piece(i)).collect::<Vec<_>>(),
-            "bytes": bytes,
-            "offsets": offsets,
-            "partial_utf8": partial,
-        }))?;
-    } else {
-        outln!("{} tokens, {} bytes (offsets are byte ranges of the UTF-8 text)", s.ids.len(), at);
-        outln!("{:>4} {:>6}  {:<10} {:<22} {:<16} bytes", "pos", "id", "offsets", "text", "piece");
-        for (i, &id) in s.ids.iter().enumerate() {
-            let hex: Vec<String> = bytes[i].iter().map(|b| format!("{b:02x}")).collect();
-            let shown = if partial[i] { s.label(id) } else { format!("{:?}", s.label(id)) };
-            outln!(
-                "{i:>4} {id:>6}  {:<10} {:<22} {:<16} {}{}",
-                format!("[{}, {})", offsets[i][0], offsets[i][1]),
-                shown,
-                tok.piece(id),
-                hex.join(" "),
-                if partial[i] { "  (part of a UTF-8 character)" } else { "" }
-            );
+/// The prompt's tokens, rendered as the table or as `--json`.
+#[derive(Serialize)]
+struct TokensView {
+    ids: Vec<u32>,
+    /// Each token's text, its bytes escaped where they are part of a UTF-8 character.
+    tokens: Vec<String>,
+    /// The vocabulary's spelling (`Ġcat`).
+    pieces: Vec<String>,
+    bytes: Vec<Vec<u8>>,
+    /// Byte ranges `[start, end)` of the UTF-8 text.
+    offsets: Vec<[usize; 2]>,
+    partial_utf8: Vec<bool>,
+}
+
+impl TokensView {
+    fn of(s: &Session) -> TokensView {
+        let tok = &s.loaded.tokenizer;
+        let bytes: Vec<Vec<u8>> = s.ids.iter().map(|&i| tok.token_bytes(i).to_vec()).collect();
+        let mut at = 0usize;
+        let offsets = bytes
+            .iter()
+            .map(|b| {
+                at += b.len();
+                [at - b.len(), at]
+            })
+            .collect();
+        TokensView {
+            ids: s.ids.clone(),
+            tokens: s.labels(&s.ids),
+            pieces: s.ids.iter().map(|&i| tok.piece(i)).collect(),
+            bytes,
+            offsets,
+            partial_utf8: s.ids.iter().map(|&i| tok.is_partial(i)).collect(),
         }
     }
-    Ok(())
+
+    fn print(&self) -> Result<()> {
+        let total = self.offsets.last().map_or(0, |o| o[1]);
+        outln!("{} tokens, {} bytes (offsets are byte ranges of the UTF-8 text)", self.ids.len(), total);
+        outln!("{:>4} {:>6}  {:<10} {:<22} {:<16} bytes", "pos", "id", "offsets", "text", "piece");
+        for (i, id) in self.ids.iter().enumerate() {
+            let hex: Vec<String> = self.bytes[i].iter().map(|b| format!("{b:02x}")).collect();
+            let partial = self.partial_utf8[i];
+            let shown = if partial { self.tokens[i].clone() } else { format!("{:?}", self.tokens[i]) };
+            outln!(
+                "{i:>4} {id:>6}  {:<10} {:<22} {:<16} {}{}",
+                format!("[{}, {})", self.offsets[i][0], self.offsets[i][1]),
+                shown,
+                self.pieces[i],
+                hex.join(" "),
+                if partial { "  (part of a UTF-8 character)" } else { "" }
+            );
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn tokens(c: &Common) -> Result<()> {
+    let view = TokensView::of(&Session::open(c)?);
+    if c.io.json {
+        print_json(&serde_json::to_value(&view)?)
+    } else {
+        view.print()
+    }
 }
