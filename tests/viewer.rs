@@ -306,11 +306,16 @@ fn the_html_viewer_in_headless_chromium() {
         json!([]),
     );
     assert_eq!(colours, json!(4), "one colour per head");
-    // Still on the clicked token: its lines in every head; away from it, every line.
+    // On the clicked token, and away from it: its lines in every head; on another query, that
+    // one's; on a key, the lines into it from every head.
     let count = || b.js("return document.querySelectorAll('#attn-lines line').length", json!([]));
     assert_eq!(count(), json!(4 * (qa + 1)));
     b.hover("h1");
-    assert_eq!(count(), json!(4 * s * (s + 1) / 2));
+    assert_eq!(count(), json!(4 * (qa + 1)));
+    b.hover("#lines .tok.q[data-pos='2'] text");
+    assert_eq!(count(), json!(4 * 3));
+    b.hover("#lines .tok.k[data-pos='2'] text");
+    assert_eq!(count(), json!(4 * (s - 2)));
 
     // A linked view opens as linked.
     b.open(&format!("{url}#layer=0&head=3&query=2"));

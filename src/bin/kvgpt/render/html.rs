@@ -75,7 +75,7 @@ pub fn html(v: &Viewer) -> String {
          <span id=\"readout\">Hover a token or a cell.</span>\n</div>\n<svg id=\"scale\"></svg>\n\
          <div id=\"views\">\n<figure><figcaption>Lines from each query to its keys (opacity = \
          weight; in <em>all heads</em>, one colour per head)</figcaption><svg id=\"lines\"></svg></figure>\n\
-         <figure><figcaption id=\"grid-caption\"></figcaption><svg id=\"grid\"></svg></figure>\n</div>\n",
+         <figure id=\"grid-figure\"><figcaption id=\"grid-caption\"></figcaption><svg id=\"grid\"></svg></figure>\n</div>\n",
     );
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{data}</script>");
     let _ = writeln!(out, "<script>\n{}</script>\n</body>\n</html>", include_str!("viewer.js"));

@@ -12,41 +12,51 @@ pub const MASKED: &str = "#d9d9d9";
 pub const DIVIDER: &str = "#e6550d";
 const LABEL_CHARS: usize = 12;
 
-/// Panel geometry, from the largest grid.
+/// Panel geometry, from the largest grid: cells as wide as the columns allow and as tall as the
+/// rows allow (square for a query × key matrix; wide rows for one query over the heads).
 struct Layout {
-    cell: f64,
-    /// Label font size; 0 when the cells are too small for labels (then every few positions
-    /// get their index only).
-    font: f64,
+    cw: f64,
+    ch: f64,
+    /// Label font sizes across (keys) and down (rows); 0 when the cells are too small for
+    /// labels, and then every few positions get their index only.
+    col_font: f64,
+    row_font: f64,
     label_w: f64,
     head_h: f64,
     panel_w: f64,
     panel_h: f64,
 }
 
+fn font_for(cell: f64) -> f64 {
+    if cell >= 7.0 {
+        cell.min(11.0) - 1.0
+    } else {
+        0.0
+    }
+}
+
 impl Layout {
     fn new(grids: &[Grid]) -> Layout {
         let cols = grids.iter().map(|g| g.cols.len() + usize::from(g.before.is_some())).max().unwrap_or(1).max(1);
         let rows = grids.iter().map(|g| g.rows.len()).max().unwrap_or(1).max(1);
-        let cell = (320.0 / cols.max(rows) as f64).clamp(3.0, 16.0);
-        let font = if cell >= 7.0 { cell.min(11.0) - 1.0 } else { 0.0 };
+        let (cw, ch) = ((320.0 / cols as f64).clamp(3.0, 16.0), (320.0 / rows as f64).clamp(3.0, 16.0));
+        let (col_font, row_font) = (font_for(cw), font_for(ch));
         // The longest label drawn ("12 ·token"), across and upright.
-        let chars = grids
-            .iter()
-            .flat_map(|g| g.rows.iter().chain(&g.cols))
-            .map(|t| tick_text(t, font > 0.0).chars().count())
-            .chain(std::iter::once(8)) // "‹ before"
-            .max()
-            .unwrap_or(0);
-        let label_w = chars as f64 * font.max(8.0) * 0.62 + 6.0;
-        let head_h = 18.0 + label_w;
+        let longest = |ticks: &mut dyn Iterator<Item = &Tick>, font: f64| {
+            let chars = ticks.map(|t| tick_text(t, font > 0.0).chars().count()).max().unwrap_or(0);
+            chars.max(8) as f64 * font.max(8.0) * 0.62 + 6.0 // 8: "‹ before"
+        };
+        let label_w = longest(&mut grids.iter().flat_map(|g| &g.rows), row_font);
+        let head_h = 18.0 + longest(&mut grids.iter().flat_map(|g| &g.cols), col_font);
         Layout {
-            cell,
-            font,
+            cw,
+            ch,
+            col_font,
+            row_font,
             label_w,
             head_h,
-            panel_w: label_w + cell * cols as f64 + 24.0,
-            panel_h: head_h + cell * rows as f64 + 24.0,
+            panel_w: label_w + cw * cols as f64 + 24.0,
+            panel_h: head_h + ch * rows as f64 + 24.0,
         }
     }
 }
@@ -84,7 +94,7 @@ fn colour_bar(out: &mut String, x: f64, y: f64) {
 }
 
 fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
-    let c = lay.cell;
+    let (cw, ch) = (lay.cw, lay.ch);
     let _ = writeln!(
         out,
         r#"<g class="grid" data-title="{t}" transform="translate({x0:.1},{y0:.1})">"#,
@@ -95,14 +105,16 @@ fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
     let gy = lay.head_h; // their top edge
     let offset = usize::from(g.before.is_some());
     let ncols = g.cols.len() + offset;
-    let every = if lay.font > 0.0 { 1 } else { ncols.max(g.rows.len()).div_ceil(16).max(1) };
-    let size = if lay.font > 0.0 { lay.font } else { 8.0 };
+    let every = |font: f64, n: usize| if font > 0.0 { 1 } else { n.div_ceil(16).max(1) };
+    let (col_every, row_every) = (every(lay.col_font, ncols), every(lay.row_font, g.rows.len()));
+    let size = |font: f64| if font > 0.0 { font } else { 8.0 };
     // Key labels, upright above each column.
     let mut col_label = |i: usize, text: &str| {
-        let x = gx + (i as f64 + 0.7) * c;
+        let x = gx + (i as f64 + 0.7) * cw;
         let _ = writeln!(
             out,
-            r#"<text class="col" x="{x:.1}" y="{y:.1}" font-size="{size:.0}" transform="rotate(-90 {x:.1} {y:.1})">{}</text>"#,
+            r#"<text class="col" x="{x:.1}" y="{y:.1}" font-size="{:.0}" transform="rotate(-90 {x:.1} {y:.1})">{}</text>"#,
+            size(lay.col_font),
             xml_escape(text),
             y = gy - 3.0,
         );
@@ -111,33 +123,34 @@ fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
         col_label(0, "‹ before");
     }
     for (i, t) in g.cols.iter().enumerate() {
-        if (i + offset) % every == 0 {
-            col_label(i + offset, &tick_text(t, lay.font > 0.0));
+        if (i + offset) % col_every == 0 {
+            col_label(i + offset, &tick_text(t, lay.col_font > 0.0));
         }
     }
     let _ = writeln!(
         out,
         r#"<rect x="{gx:.1}" y="{gy:.1}" width="{:.1}" height="{:.1}" fill="{MASKED}"/>"#,
-        c * ncols as f64,
-        c * g.rows.len() as f64
+        cw * ncols as f64,
+        ch * g.rows.len() as f64
     );
     for (r, t) in g.rows.iter().enumerate() {
-        let y = gy + r as f64 * c;
-        if r % every == 0 {
+        let y = gy + r as f64 * ch;
+        if r % row_every == 0 {
             let _ = writeln!(
                 out,
-                r#"<text class="row" x="{:.1}" y="{:.1}" font-size="{size:.0}" text-anchor="end">{}</text>"#,
+                r#"<text class="row" x="{:.1}" y="{:.1}" font-size="{:.0}" text-anchor="end">{}</text>"#,
                 gx - 3.0,
-                y + c * 0.8,
-                xml_escape(&tick_text(t, lay.font > 0.0))
+                y + ch * 0.8,
+                size(lay.row_font),
+                xml_escape(&tick_text(t, lay.row_font > 0.0))
             );
         }
         let query = xml_escape(&format!("{} {}", t.index, axis_label(&t.label)));
         let mut cell = |i: usize, w: f32, key: &str| {
             let _ = writeln!(
                 out,
-                r#"<rect class="cell" x="{:.1}" y="{y:.1}" width="{c:.1}" height="{c:.1}" fill="{}" data-w="{w}"><title>{query} → {key}: {w:.4}</title></rect>"#,
-                gx + i as f64 * c,
+                r#"<rect class="cell" x="{:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{}" data-w="{w}"><title>{query} → {key}: {w:.4}</title></rect>"#,
+                gx + i as f64 * cw,
                 hex(shade(w)),
             );
         };
@@ -151,12 +164,12 @@ fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
         }
     }
     if let Some(r) = g.decoded_from {
-        let y = gy + r as f64 * c;
+        let y = gy + r as f64 * ch;
         let _ = writeln!(
             out,
             r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5"/>"#,
             gx - lay.label_w + 4.0,
-            gx + c * ncols as f64 + 4.0,
+            gx + cw * ncols as f64 + 4.0,
         );
     }
     out.push_str("</g>\n");

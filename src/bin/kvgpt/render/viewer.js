@@ -73,9 +73,11 @@
   function paintLines() {
     const lines = document.getElementById("attn-lines");
     lines.replaceChildren();
+    // All heads: one query's lines (the hovered one, else the chosen one), a colour per head.
+    const only = hover && hover.side === "q" ? hover.pos : state.head === "all" && !hover ? state.query : null;
     for (const h of shownHeads()) {
       for (let q = 0; q < S; q++) {
-        if (hover && hover.side === "q" && hover.pos !== q) continue;
+        if (only !== null && only !== q) continue;
         const r = row(state.layer, h, q);
         for (let k = 0; k <= q; k++) {
           if (hover && hover.side === "k" && hover.pos !== k) continue;
