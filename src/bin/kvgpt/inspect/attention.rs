@@ -84,29 +84,32 @@ impl Weights {
     }
 }
 
-/// The whole sequence as JSON: `attention[layer][head][query][key]`.
+/// What both JSON views say of the sequence and the selection.
 #[derive(Serialize)]
-struct MatricesJson<'a> {
+struct SequenceJson<'a> {
     ids: &'a [u32],
     tokens: &'a [String],
     prompt_len: usize,
     generated: usize,
     layers: &'a [usize],
     heads: &'a [usize],
+}
+
+/// The whole sequence as JSON: `attention[layer][head][query][key]`.
+#[derive(Serialize)]
+struct MatricesJson<'a> {
+    #[serde(flatten)]
+    seq: SequenceJson<'a>,
     attention: Vec<Vec<Vec<&'a [f32]>>>,
 }
 
 /// One query as JSON: `weights[layer][head][key]` over keys 0..=query.
 #[derive(Serialize)]
 struct QueryJson<'a> {
-    ids: &'a [u32],
-    tokens: &'a [String],
-    prompt_len: usize,
-    generated: usize,
+    #[serde(flatten)]
+    seq: SequenceJson<'a>,
     query: usize,
     token: &'a str,
-    layers: &'a [usize],
-    heads: &'a [usize],
     weights: Vec<Vec<&'a [f32]>>,
 }
 
@@ -232,27 +235,25 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
         errln!("[kvgpt] wrote {} (a viewer of {} layers × {} heads)", p.display(), layers.len(), heads.len());
     }
     if c.io.json {
+        let seq = SequenceJson {
+            ids: &tr.ids,
+            tokens: &labels,
+            prompt_len: tr.prompt_len,
+            generated: a.generate,
+            layers: &layers,
+            heads: &heads,
+        };
         let v = match query {
             None => serde_json::to_value(MatricesJson {
-                ids: &tr.ids,
-                tokens: &labels,
-                prompt_len: tr.prompt_len,
-                generated: a.generate,
-                layers: &layers,
-                heads: &heads,
+                seq,
                 attention: (0..layers.len())
                     .map(|li| (0..heads.len()).map(|hi| w.matrix(li, hi).chunks(n).collect()).collect())
                     .collect(),
             })?,
             Some(q) => serde_json::to_value(QueryJson {
-                ids: &tr.ids,
-                tokens: &labels,
-                prompt_len: tr.prompt_len,
-                generated: a.generate,
+                seq,
                 query: q,
                 token: &labels[q],
-                layers: &layers,
-                heads: &heads,
                 weights: (0..layers.len())
                     .map(|li| (0..heads.len()).map(|hi| &w.matrix(li, hi)[q * n..=q * n + q]).collect())
                     .collect(),
