@@ -373,3 +373,45 @@ fn markup_in_tokens_stays_text_in_every_picture() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert_eq!(page.matches("</script>").count(), 2, "the data and the script, nothing from the prompt");
 }
+
+/// `inspect attention` on a pseudo-terminal of `cols` columns (util-linux `script`, as
+/// tests/chat.rs uses), with `env` set.
+fn on_terminal(cols: usize, args: &[&str], env: &[(&str, &str)]) -> String {
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+    let cmd = format!("stty rows 40 cols {cols}; '{}' {}", env!("CARGO_BIN_EXE_kvgpt"), quoted.join(" "));
+    let mut c = Command::new("script");
+    c.args(["-qfec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .env_remove("NO_COLOR")
+        .env_remove("COLUMNS");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("util-linux `script` runs a command on a pseudo-terminal");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    String::from_utf8(out.stdout).unwrap().replace('\r', "")
+}
+
+#[test]
+fn on_a_terminal_the_heatmap_fits_its_width_in_colour_unless_no_color() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let p = Reference::load().prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let args = ["inspect", "attention", &p.text, "--model", &m, "--layer", "0", "--head", "0"];
+    let text = on_terminal(100, &args, &[]);
+    assert!(text.contains("(to fit the terminal's width)"), "{text}");
+    assert!(text.contains("\x1b[48;5;"), "colour on a terminal (256 colours without COLORTERM)");
+    let grid: Vec<&str> = text.lines().skip_while(|l| *l != "layer 0 head 0").collect();
+    assert!(grid.len() > 10);
+    for l in &grid {
+        assert!(console_width(&plain(l)) <= 100, "wider than the terminal: {:?}", plain(l));
+    }
+    // The widest window that fits: one more position (its label may be wider) would not.
+    let header = grid.iter().find(|l| l.contains("q\\k")).unwrap();
+    let shown = plain(header).split('│').nth(1).unwrap().split_whitespace().count() - 1;
+    let tokens = axis_tokens(&p.text, &m);
+    let t = tokens.len();
+    let label = tokens[t - shown - 1..].iter().map(|l| l.chars().count().min(12)).max().unwrap();
+    assert!(4 + 1 + label + 2 + 4 * (shown + 2) > 100, "{shown} shown: {header:?}");
+    let text = on_terminal(100, &args, &[("NO_COLOR", "1")]);
+    assert!(!text.contains('\x1b') && text.contains("(to fit the terminal's width)"));
+}

@@ -201,17 +201,14 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
     );
     // The positions a heatmap shows: the last `shown` of the keys it could show.
     let keys = query.map_or(n, |q| q + 1);
-    let label_width = match query {
-        None => term::row_label_width(labels.iter().cloned()),
-        Some(_) => 0,
-    };
-    let fit = width_to_fit(a).map(|w| {
-        if term::columns_that_fit(w, label_width, false) >= keys {
-            keys
-        } else {
-            term::columns_that_fit(w, label_width, true)
+    // Row labels are tokens (the window's own), or for one query heads, unlabelled.
+    let mut widest = vec![0usize; keys + 1]; // widest[n]: of the last n positions' labels
+    if query.is_none() {
+        for n in 1..=keys {
+            widest[n] = widest[n - 1].max(term::row_label_width(&labels[keys - n]));
         }
-    });
+    }
+    let fit = width_to_fit(a).map(|w| term::window_that_fits(w, keys, |n| widest[n]));
     let picture_shown = a.last.map_or(keys, |l| (l as usize).min(keys));
     let text_shown = a.last.map(|l| (l as usize).min(keys)).or(fit).unwrap_or(keys).min(keys);
 

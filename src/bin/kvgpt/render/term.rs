@@ -78,16 +78,20 @@ fn pad_right(s: &str, w: usize) -> String {
     format!("{s}{}", " ".repeat(w.saturating_sub(width(s))))
 }
 
-/// The width of a row label (index, label) column for these labels.
-pub fn row_label_width(labels: impl Iterator<Item = String>) -> usize {
-    labels.map(|l| width(&truncate(&axis_label(&l), ROW_LABEL))).max().unwrap_or(0)
+/// The width a row label takes in the heatmap.
+pub fn row_label_width(label: &str) -> usize {
+    width(&truncate(&axis_label(label), ROW_LABEL))
 }
 
-/// How many key columns fit in a terminal `width` columns wide beside row labels
-/// `label_width` wide (and a `‹` column for the keys before them when `window`): at least one.
-pub fn columns_that_fit(width: usize, label_width: usize, window: bool) -> usize {
-    let used = 4 + 1 + label_width + 2 + if window { CELL } else { 0 };
-    (width.saturating_sub(used) / CELL).max(1)
+/// How many of the last `keys` key columns a heatmap `width` columns wide can show: all of
+/// them if they fit, else the most that fit beside the ‹ column. `label_width(n)` is how wide
+/// the row labels are when the last `n` are shown. At least one.
+pub fn window_that_fits(width: usize, keys: usize, label_width: impl Fn(usize) -> usize) -> usize {
+    let used = |n: usize, window: bool| 4 + 1 + label_width(n) + 2 + CELL * (n + usize::from(window));
+    if used(keys, false) <= width {
+        return keys;
+    }
+    (1..keys).rev().find(|&n| used(n, true) <= width).unwrap_or(1)
 }
 
 /// The colour-scale line: five swatches with their values, or how to get colours.
@@ -190,9 +194,13 @@ mod tests {
     }
 
     #[test]
-    fn columns_that_fit_leave_room_for_the_labels() {
-        assert_eq!(columns_that_fit(80, 12, false), (80 - 19) / 4);
-        assert_eq!(columns_that_fit(80, 12, true), (80 - 23) / 4);
-        assert_eq!(columns_that_fit(10, 12, true), 1);
+    fn the_window_is_the_widest_that_fits_with_its_own_labels() {
+        // 10 keys of 4 columns and labels 5 wide: 4+1+5+2 + 40 = 52 columns.
+        assert_eq!(window_that_fits(52, 10, |_| 5), 10);
+        // One column less: a window, with the ‹ column: 12 + 4·(n + 1) ≤ 51, so n = 8.
+        assert_eq!(window_that_fits(51, 10, |_| 5), 8);
+        // Labels that narrow as the window shrinks leave room for more keys.
+        assert_eq!(window_that_fits(51, 10, |n| if n > 9 { 12 } else { 1 }), 9);
+        assert_eq!(window_that_fits(10, 10, |_| 12), 1);
     }
 }
