@@ -128,7 +128,7 @@ fn the_terminal_heatmap_fits_the_width_and_shows_hf_weights_labels_and_scale() {
     assert!(shown > 5 && shown < t, "{note}");
     let start = t - shown;
     // The colour scale: five swatches with their values, white to dark blue.
-    let scale = coloured_cells(lines[1]);
+    let scale = coloured_cells(lines.iter().find(|l| l.starts_with("scale ")).unwrap());
     assert_eq!(scale.iter().map(|c| c.1.as_str()).collect::<Vec<_>>(), ["0.00", "0.25", "0.50", "0.75", "1.00"]);
     assert!(scale.windows(2).all(|w| luma(w[1].0) < luma(w[0].0)), "{scale:?}");
     // Key labels run downwards above their columns: read down each column, they are the tokens.
@@ -177,7 +177,7 @@ fn the_terminal_heatmap_fits_the_width_and_shows_hf_weights_labels_and_scale() {
 
     // --last N picks the window; plain text without --color.
     let text = stdout(&["inspect", "attention", &p.text, "--model", &m, "--layer", "1", "--head", "0", "--last", "3"]);
-    assert!(!text.contains('\x1b') && text.contains(&format!("showing the last 3 of {t} positions (to fit --last)")));
+    assert!(!text.contains('\x1b') && text.contains(&format!("showing the last 3 of {t} positions (--last 3)")));
     let rows: Vec<&str> = text.lines().skip_while(|l| !l.contains("q\\k")).skip(1).collect();
     assert_eq!(rows.len(), 3);
     let last: Vec<f32> = rows[2].split('│').nth(1).unwrap().split_whitespace().map(value).collect();
@@ -204,10 +204,10 @@ fn the_divider_sits_above_the_first_row_decoded_with_the_cache() {
     let text =
         stdout(&["inspect", "attention", &p.text, "--model", &m, "--layer", "0", "--head", "0", "--generate", "3"]);
     let lines: Vec<&str> = text.lines().collect();
-    let at = lines.iter().position(|l| l.contains("decoded with the KV cache on")).expect("a divider");
+    let at = lines.iter().position(|l| l.contains('┼') && l.contains("decoded")).expect("a divider");
     assert!(lines[at - 1].starts_with(&format!("{:>4} ", t - 1)), "{text}");
     assert!(lines[at + 1].starts_with(&format!("{t:>4} ")), "{text}");
-    assert_eq!(text.matches("decoded with the KV cache on").count(), 1);
+    assert_eq!(text.matches('┼').count(), 1);
 }
 
 #[test]
@@ -296,7 +296,7 @@ fn the_svg_labels_both_axes_and_uses_the_terminals_colours() {
         text.split("layer 1 head 2\n").nth(1).unwrap().lines().skip_while(|l| !l.contains("q\\k")).skip(1).collect();
     let term: Vec<[u8; 3]> = block
         .iter()
-        .filter(|l| !l.contains("decoded with the KV cache on"))
+        .filter(|l| !l.contains('┼'))
         .take(s)
         .flat_map(|l| coloured_cells(l).into_iter().map(|c| c.0))
         .collect();
@@ -414,4 +414,125 @@ fn on_a_terminal_the_heatmap_fits_its_width_in_colour_unless_no_color() {
     assert!(4 + 1 + label + 2 + 4 * (shown + 2) > 100, "{shown} shown: {header:?}");
     let text = on_terminal(100, &args, &[("NO_COLOR", "1")]);
     assert!(!text.contains('\x1b') && text.contains("(to fit the terminal's width)"));
+}
+
+/// An xterm 256-colour palette entry's RGB (cube 16..=231, grey ramp 232..=255), as xterm
+/// defines them.
+fn xterm(i: u8) -> [u8; 3] {
+    let level = |v: u8| if v == 0 { 0 } else { 55 + 40 * v };
+    match i {
+        16..=231 => [level((i - 16) / 36), level((i - 16) / 6 % 6), level((i - 16) % 6)],
+        232..=255 => [8 + 10 * (i - 232); 3],
+        _ => panic!("a system colour {i}: its RGB depends on the terminal"),
+    }
+}
+
+#[test]
+fn in_256_colours_more_weight_is_darker_too() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let p = &Reference::load().prompts()[1];
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["inspect", "attention", &p.text, "--model", &m, "--color", "always", "--width", "200"])
+        .env_remove("COLORTERM")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut seen = Vec::new();
+    for line in text.lines().filter(|l| l.contains('│')) {
+        for piece in line.split("\x1b[0m") {
+            let Some(at) = piece.find("\x1b[48;5;") else { continue };
+            let rest = &piece[at + 7..];
+            let i: u8 = rest[..rest.find('m').unwrap()].parse().unwrap();
+            let v = plain(&rest[rest.find('m').unwrap() + 1..]).trim().to_string();
+            seen.push((value(&v), luma(xterm(i))));
+        }
+    }
+    assert_eq!(seen.len(), 8 * 14 * 15 / 2, "every cell of every head is coloured");
+    // Cells printed alike may straddle a step of the ramp: among them, the lighter first.
+    seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    for pair in seen.windows(2) {
+        assert!(pair[1].1 <= pair[0].1, "more weight must not be lighter: {pair:?}");
+    }
+    assert!(seen[0].1 > 250.0 && seen.last().unwrap().1 < 60.0, "white to dark: {:?} … {:?}", seen[0], seen.last());
+}
+
+#[test]
+fn a_narrow_width_shortens_the_divider_and_wraps_the_prose() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let p = &Reference::load().prompts()[0];
+    let text = stdout(&[
+        "inspect",
+        "attention",
+        &p.text,
+        "--model",
+        &m,
+        "--layer",
+        "0",
+        "--head",
+        "0",
+        "--generate",
+        "2",
+        "--width",
+        "40",
+    ]);
+    for l in text.lines() {
+        // A word longer than the width stays whole (the model's path); nothing else is wider.
+        assert!(console_width(l) <= 40 || !l.contains(' '), "wider than 40: {l:?}");
+    }
+    assert!(text.lines().any(|l| l.contains("┼─ decoded, KV cache on ─")), "{text}");
+}
+
+#[test]
+fn long_prompts_keep_every_label_in_the_svg_and_the_page_fetches_nothing() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let p = Reference::load().prompts().into_iter().find(|p| p.key == "p5").unwrap();
+    let t = p.ids.len();
+    assert!(t > 100);
+    let dir = tempfile::tempdir().unwrap();
+    let (svg, html) = (dir.path().join("a.svg"), dir.path().join("a.html"));
+    stdout(&[
+        "inspect",
+        "attention",
+        &p.text,
+        "--model",
+        &m,
+        "--layer",
+        "1",
+        "--head",
+        "3",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    let src = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&src).unwrap();
+    let tokens = axis_tokens(&p.text, &m);
+    let want: Vec<String> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, tok)| {
+            let tok: String =
+                if tok.chars().count() > 12 { tok.chars().take(11).chain(['…']).collect() } else { tok.clone() };
+            format!("{i} {tok}")
+        })
+        .collect();
+    for class in ["col", "row"] {
+        let got: Vec<String> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some(class))
+            .map(|n| n.text().unwrap().to_string())
+            .collect();
+        assert_eq!(got, want, "{class} labels");
+    }
+    // No way to reach the network: no external references, no fetching calls, one namespace
+    // name (the SVG's, which is never fetched).
+    let page = std::fs::read_to_string(&html).unwrap();
+    for needle in
+        ["url(", "@import", "fetch(", "XMLHttpRequest", "src=", "href=", "<link", "<iframe", "<img", "WebSocket"]
+    {
+        assert!(!page.contains(needle), "the page holds {needle:?}");
+    }
+    let addresses: Vec<&str> = page.match_indices("http").map(|(i, _)| &page[i..(i + 26).min(page.len())]).collect();
+    assert!(addresses.iter().all(|a| a.starts_with("http://www.w3.org/2000/svg")), "{addresses:?}");
 }

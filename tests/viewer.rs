@@ -234,11 +234,15 @@ fn the_html_viewer_in_headless_chromium() {
         assert_eq!((lq, h), (q, 2));
         assert!((w - hf(2, q, k)).abs() < 2e-4, "line {q}→{k}: {w} vs {}", hf(2, q, k));
     }
+    // What the eye sees of a line is its opacity: HF's weight.
     let opacity = b.js(
-        "return [...document.querySelectorAll('#attn-lines line')].map(l => +l.getAttribute('stroke-opacity'))",
+        "return [...document.querySelectorAll('#attn-lines line')].map(l => [+l.dataset.k, +l.getAttribute('stroke-opacity')])",
         json!([]),
     );
-    assert_eq!(opacity, json!(lines.iter().map(|l| l.2).collect::<Vec<_>>()));
+    for o in opacity.as_array().unwrap() {
+        let (k, a) = (o[0].as_u64().unwrap() as usize, o[1].as_f64().unwrap());
+        assert!((a - hf(2, q, k)).abs() < 2e-4, "opacity of {q}→{k}: {a}");
+    }
     let best = (0..=q).max_by(|&a, &c| hf(2, q, a).total_cmp(&hf(2, q, c))).unwrap();
     let readout = b.js("return document.getElementById('readout').textContent", json!([]));
     assert!(readout.as_str().unwrap().contains(&format!("attends most to {}", axis(best))), "{readout}");
@@ -254,6 +258,7 @@ fn the_html_viewer_in_headless_chromium() {
     // The screenshot shows what the DOM says: each cell's pixels are its fill, more weight is
     // darker, and a masked cell is grey.
     b.hover("h1");
+    b.js("document.getElementById('grid').scrollIntoView()", json!([]));
     let png_bytes = b.screenshot();
     std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("attention-viewer.png"), &png_bytes).unwrap();
     let decoder = png::Decoder::new(std::io::Cursor::new(&png_bytes));
@@ -316,14 +321,95 @@ fn the_html_viewer_in_headless_chromium() {
     assert_eq!(count(), json!(4 * 3));
     b.hover("#lines .tok.k[data-pos='2'] text");
     assert_eq!(count(), json!(4 * (s - 2)));
+    // The heads' switches: head 1 off leaves three heads' lines, on again all four.
+    b.hover("h1");
+    b.click("#head-switches .head-switch[data-head='1']");
+    let heads_drawn = || {
+        b.js(
+            "return [...new Set([...document.querySelectorAll('#attn-lines line')].map(l => +l.dataset.head))].sort()",
+            json!([]),
+        )
+    };
+    assert_eq!(heads_drawn(), json!([0, 2, 3]));
+    b.click("#head-switches .head-switch[data-head='1']");
+    assert_eq!(heads_drawn(), json!([0, 1, 2, 3]));
+
+    // The model view: a thumbnail per layer × head, its pixels HF's weights' colours; a click
+    // opens that head.
+    assert_eq!(b.js("return document.querySelectorAll('#model canvas.thumb').length", json!([])), json!(8));
+    let thumb = b.js(
+        "const c = document.querySelector('#model canvas.thumb[data-layer=\"0\"][data-head=\"1\"]'); \
+         const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; \
+         return [c.width, [...d.slice(4 * (arguments[0] * c.width + 2), 4 * (arguments[0] * c.width + 2) + 3)], \
+                 [...d.slice(4 * 3, 4 * 3 + 3)]]",
+        json!([5]),
+    );
+    assert_eq!(thumb[0], json!(s));
+    let (pixel, masked) = (thumb[1].as_array().unwrap(), thumb[2].as_array().unwrap());
+    assert_eq!(
+        b.js("return document.querySelectorAll('#scale .step').length", json!([])),
+        json!(100),
+        "the colour bar"
+    );
+    // Query 0 cannot read key 3 (masked grey); query 5's pixel for key 2 is the colour the
+    // heatmap of that head gives the cell, whose weight is HF's.
+    assert_eq!(masked.iter().map(|x| x.as_u64().unwrap() as u8).collect::<Vec<_>>(), [0xd9; 3]);
+    b.click("#model canvas.thumb[data-layer='0'][data-head='1']");
+    assert_eq!(
+        b.js("return [layer.value, head.value, location.hash]", json!([])),
+        json!(["0", "1", format!("#layer=0&head=1&query={qa}")])
+    );
+    let cell = b.js(
+        "const c = document.querySelector('#grid .cell[data-q=\"5\"][data-k=\"2\"]'); return [+c.dataset.w, getComputedStyle(c).fill]",
+        json!([]),
+    );
+    let (_, want0) = reference.tensor("p1.attn.0").unwrap();
+    assert!((cell[0].as_f64().unwrap() - want0[(t + 5) * t + 2] as f64).abs() < 2e-4);
+    let fill = rgb(cell[1].as_str().unwrap());
+    assert_eq!(pixel.iter().map(|x| x.as_u64().unwrap() as u8).collect::<Vec<_>>(), fill, "thumbnail = heatmap");
+    // Leaving a heatmap cell lets the lines go back to every query's.
+    b.hover("#grid .cell[data-q='4'][data-k='1']");
+    assert_eq!(count(), json!(5));
+    b.hover("h1");
+    assert_eq!(count(), json!(s * (s + 1) / 2));
+    assert_eq!(
+        b.js("return document.getElementById('readout').textContent", json!([])),
+        json!("Hover a token or a cell.")
+    );
 
     // A linked view opens as linked.
     b.open(&format!("{url}#layer=0&head=3&query=2"));
     assert_eq!(b.js("return [layer.value, head.value]", json!([])), json!(["0", "3"]));
-    let (_, want0) = reference.tensor("p1.attn.0").unwrap();
     let cells = weighted(&b, "#grid .cell[data-q='5']");
     assert_eq!(cells.len(), 6);
     for &(_, k, w, _) in &cells {
         assert!((w - want0[(3 * t + 5) * t + k] as f64).abs() < 2e-4);
+    }
+
+    // Labels stay inside their pictures: no text starts left of its SVG's edge.
+    let clipped = b.js(
+        "return [...document.querySelectorAll('#lines text, #grid text')].filter(t => t.getBBox().x < 0).map(t => t.textContent)",
+        json!([]),
+    );
+    assert_eq!(clipped, json!([]));
+
+    // A page made with --query opens on that query over every head, even for one head.
+    let page = dir.path().join("query.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["inspect", "attention", &p.text, "--model", &m, "--query", "3", "--layer", "1", "--head", "2", "--html"])
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    b.open(&format!("file://{}", page.display()));
+    assert_eq!(
+        b.js("return [layer.value, head.value, location.hash]", json!([])),
+        json!(["1", "all", "#layer=1&head=all&query=3"])
+    );
+    let cells = weighted(&b, "#grid .cell");
+    assert_eq!(cells.len(), 4);
+    for &(cq, k, w, h) in &cells {
+        assert_eq!((cq, h), (3, 2));
+        assert!((w - hf(2, 3, k)).abs() < 2e-4);
     }
 }

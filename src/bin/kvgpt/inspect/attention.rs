@@ -143,14 +143,16 @@ fn grids(
                             .flat_map(|q| (start..s).map(move |k| (k <= q).then(|| m[q * s + k])))
                             .collect(),
                         before: (start > 0).then(|| rows.clone().map(|q| before(&m[q * s..q * s + s])).collect()),
-                        decoded_from: (prompt_len < s).then(|| prompt_len.saturating_sub(start)),
+                        // Where the window shows prompt rows and decoded ones, the line between
+                        // them; a window of decoded rows only says so in its note.
+                        decoded_from: (start <= prompt_len && prompt_len < s).then(|| prompt_len - start),
                     });
                 }
             }
             Some(q) => {
                 let row = |hi: usize| &w.matrix(li, hi)[q * s..q * s + s];
                 out.push(Grid {
-                    title: format!("layer {l}: query {q} {} over every head", crate::render::label(&labels[q])),
+                    title: format!("layer {l}: query {q} “{}” over every head", render::axis_label(&labels[q])),
                     corner: "head",
                     rows: w.heads.iter().map(|&h| Tick { index: h, label: String::new() }).collect(),
                     cols: (start..=q).map(tick).collect(),
@@ -194,9 +196,10 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
     let w = Weights { s: n, nh: cfg.n_head, heads: heads.clone(), per_layer };
     let labels = s.labels(&tr.ids);
     let title = format!(
-        "attention of {} ({} prompt tokens{})",
+        "attention of {} ({} prompt token{}{})",
         s.loaded.files.name,
         tr.prompt_len,
+        if tr.prompt_len == 1 { "" } else { "s" },
         if a.generate > 0 { format!(" + {} decoded with the KV cache", a.generate) } else { String::new() }
     );
     // The positions a heatmap shows: the last `shown` of the keys it could show.
@@ -208,7 +211,8 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             widest[n] = widest[n - 1].max(term::row_label_width(&labels[keys - n]));
         }
     }
-    let fit = width_to_fit(a).map(|w| term::window_that_fits(w, keys, |n| widest[n]));
+    let width = width_to_fit(a);
+    let fit = width.map(|w| term::window_that_fits(w, keys, keys - 1, |n| widest[n]));
     let picture_shown = a.last.map_or(keys, |l| (l as usize).min(keys));
     let text_shown = a.last.map(|l| (l as usize).min(keys)).or(fit).unwrap_or(keys).min(keys);
 
@@ -266,19 +270,29 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             .then(Colors::detect),
         };
         let axes = if query.is_some() { "rows are heads, columns keys" } else { "rows are queries, columns keys" };
-        outln!("{title}; {axes}; “·” is a space");
-        outln!("{}", term::legend(colors));
+        outln!("{}", term::wrap(&format!("{title}; {axes}; “·” is a space"), width));
+        match colors {
+            Some(_) => outln!("{}", term::legend(colors)),
+            None => outln!("{}", term::wrap(&term::legend(None), width)),
+        }
         if text_shown < keys {
             let why = match (a.last, a.width) {
-                (Some(_), _) => "--last".to_string(),
-                (None, Some(w)) => format!("--width {w}"),
-                (None, None) => "the terminal's width".to_string(),
+                (Some(l), _) => format!("--last {l}"),
+                (None, Some(w)) => format!("to fit --width {w}"),
+                (None, None) => "to fit the terminal's width".to_string(),
             };
-            outln!(
-                "showing the last {text_shown} of {keys} {} (to fit {why}); the ‹ column is each row's weight on \
+            let start = keys - text_shown;
+            let decoded = if query.is_none() && start > tr.prompt_len {
+                "; every row shown was decoded with the KV cache on"
+            } else {
+                ""
+            };
+            let note = format!(
+                "showing the last {text_shown} of {keys} {} ({why}){decoded}; the ‹ column is each row's weight on \
                  the keys before them; --last N or --width COLUMNS to choose",
                 if query.is_some() { "keys" } else { "positions" }
             );
+            outln!("{}", term::wrap(&note, width));
         }
         for g in grids(&w, &layers, &labels, tr.prompt_len, query, keys - text_shown) {
             outln!("\n{}", g.title);

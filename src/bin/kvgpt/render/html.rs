@@ -58,8 +58,9 @@ pub fn html(v: &Viewer) -> String {
     out.push_str(
         "<p class=\"how\">Each query token (left) attends to itself and the tokens before it (right); a \
          line's strength is the attention weight. Hover a token for its lines, hover a cell for its \
-         value, pick a layer and a head, or <em>all heads</em> to see one query over every head \
-         (click a query token to choose it). “·” is a space.",
+         value, pick a layer and a head (or click its thumbnail), or <em>all heads</em> to see one \
+         query over every head (click a query token to choose it; the coloured buttons switch a \
+         head's lines off and on). “·” is a space.",
     );
     if v.prompt_len < s {
         let _ = write!(
@@ -73,8 +74,11 @@ pub fn html(v: &Viewer) -> String {
         "<div id=\"controls\">\n<label>Layer <select id=\"layer\"></select></label>\n\
          <label>Head <select id=\"head\"></select></label>\n\
          <span id=\"readout\">Hover a token or a cell.</span>\n</div>\n<svg id=\"scale\"></svg>\n\
+         <details id=\"model-view\" open><summary>Every layer and head (click one to open it)</summary>\
+         <div id=\"model\"></div></details>\n\
          <div id=\"views\">\n<figure><figcaption>Lines from each query to its keys (opacity = \
-         weight; in <em>all heads</em>, one colour per head)</figcaption><svg id=\"lines\"></svg></figure>\n\
+         weight; in <em>all heads</em>, one colour per head)</figcaption><div id=\"head-switches\" hidden></div>\
+         <svg id=\"lines\"></svg></figure>\n\
          <figure id=\"grid-figure\"><figcaption id=\"grid-caption\"></figcaption><svg id=\"grid\"></svg></figure>\n</div>\n",
     );
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{data}</script>");

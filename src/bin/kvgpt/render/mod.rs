@@ -49,9 +49,10 @@ pub const PALETTE: [[u8; 3]; 9] = [
     [0x08, 0x30, 0x6b],
 ];
 
-/// The colour of weight `w` (clamped to 0..1) on the scale.
+/// The colour of weight `w` (clamped to 0..1; NaN reads as 0) on the scale.
 pub fn shade(w: f32) -> [u8; 3] {
-    let x = f64::from(w).clamp(0.0, 1.0) * (PALETTE.len() - 1) as f64;
+    let w = if w.is_nan() { 0.0 } else { f64::from(w).clamp(0.0, 1.0) };
+    let x = w * (PALETTE.len() - 1) as f64;
     let i = (x.floor() as usize).min(PALETTE.len() - 2);
     let f = x - i as f64;
     let (a, b) = (PALETTE[i], PALETTE[i + 1]);
@@ -77,11 +78,6 @@ pub fn prob(p: f64) -> String {
     } else {
         format!("{p:.1e}")
     }
-}
-
-/// A token label as it reads on one line: quoted, control characters escaped.
-pub fn label(text: &str) -> String {
-    format!("{text:?}")
 }
 
 /// A token as it reads on an axis, unquoted: a space shows as `·`, control characters escaped
@@ -139,7 +135,8 @@ mod tests {
         assert_eq!(shade(1.0), PALETTE[8]);
         assert_eq!(shade(0.5), PALETTE[4]);
         assert_eq!(shade(-1.0), PALETTE[0]);
-        assert_eq!(shade(f32::NAN.max(2.0)), PALETTE[8]);
+        assert_eq!(shade(2.0), PALETTE[8]);
+        assert_eq!(shade(f32::NAN), PALETTE[0]);
         // Halfway between stops 0 and 1: each channel the rounded mean.
         assert_eq!(shade(1.0 / 16.0), [0xeb, 0xf3, 0xfb]);
         let luma = |c: [u8; 3]| 299 * c[0] as u32 + 587 * c[1] as u32 + 114 * c[2] as u32;

@@ -8,8 +8,9 @@ use std::fmt::Write as _;
 
 /// The colour of a masked cell (a key after its query): grey, never on the scale.
 pub const MASKED: &str = "#d9d9d9";
-/// The colour of the line above the rows decoded with the KV cache on.
-pub const DIVIDER: &str = "#e6550d";
+/// The colour of the dashed line above the rows decoded with the KV cache on: black, which is
+/// neither on the scale nor a head's colour in the HTML viewer.
+pub const DIVIDER: &str = "#000000";
 const LABEL_CHARS: usize = 12;
 
 /// Panel geometry, from the largest grid: cells as wide as the columns allow and as tall as the
@@ -39,7 +40,10 @@ impl Layout {
     fn new(grids: &[Grid]) -> Layout {
         let cols = grids.iter().map(|g| g.cols.len() + usize::from(g.before.is_some())).max().unwrap_or(1).max(1);
         let rows = grids.iter().map(|g| g.rows.len()).max().unwrap_or(1).max(1);
-        let (cw, ch) = ((320.0 / cols as f64).clamp(3.0, 16.0), (320.0 / rows as f64).clamp(3.0, 16.0));
+        // Up to 160 positions every label fits (a picture can be wide); beyond, cells shrink and
+        // every few positions get their index.
+        let side = |n: usize| (320.0 / n as f64).clamp(if n <= 160 { 7.0 } else { 3.0 }, 16.0);
+        let (cw, ch) = (side(cols), side(rows));
         let (col_font, row_font) = (font_for(cw), font_for(ch));
         // The longest label drawn ("12 ·token"), across and upright.
         let longest = |ticks: &mut dyn Iterator<Item = &Tick>, font: f64| {
@@ -48,6 +52,8 @@ impl Layout {
         };
         let label_w = longest(&mut grids.iter().flat_map(|g| &g.rows), row_font);
         let head_h = 18.0 + longest(&mut grids.iter().flat_map(|g| &g.cols), col_font);
+        // A panel is at least as wide as its bold 12px title.
+        let title_w = grids.iter().map(|g| g.title.chars().count()).max().unwrap_or(0) as f64 * 7.4 + 16.0;
         Layout {
             cw,
             ch,
@@ -55,7 +61,7 @@ impl Layout {
             row_font,
             label_w,
             head_h,
-            panel_w: label_w + cw * cols as f64 + 24.0,
+            panel_w: (label_w + cw * cols as f64 + 24.0).max(title_w),
             panel_h: head_h + ch * rows as f64 + 24.0,
         }
     }
@@ -127,6 +133,14 @@ fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
             col_label(i + offset, &tick_text(t, lay.col_font > 0.0));
         }
     }
+    // What the rows are, at the axes' corner.
+    let _ = writeln!(
+        out,
+        r##"<text class="corner" x="{:.1}" y="{:.1}" font-size="9" text-anchor="end" fill="#555">{}</text>"##,
+        gx - 3.0,
+        gy - 3.0,
+        xml_escape(g.corner)
+    );
     let _ = writeln!(
         out,
         r#"<rect x="{gx:.1}" y="{gy:.1}" width="{:.1}" height="{:.1}" fill="{MASKED}"/>"#,
@@ -167,7 +181,7 @@ fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
         let y = gy + r as f64 * ch;
         let _ = writeln!(
             out,
-            r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5"/>"#,
+            r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5" stroke-dasharray="4 3"/>"#,
             gx - lay.label_w + 4.0,
             gx + cw * ncols as f64 + 4.0,
         );
@@ -181,7 +195,8 @@ pub fn svg(grids: &[Grid], per_row: usize, title: &str) -> String {
     let per_row = per_row.clamp(1, grids.len().max(1));
     let rows = grids.len().div_ceil(per_row);
     let top = 70.0;
-    let width = (20.0 + lay.panel_w * per_row as f64).max(640.0);
+    // As wide as the panels, the 14px title and the legend's notes (x = 240, 9px).
+    let width = (20.0 + lay.panel_w * per_row as f64).max(20.0 + title.chars().count() as f64 * 8.6).max(700.0);
     let height = top + lay.panel_h * rows as f64;
     let mut out = String::new();
     let _ = writeln!(
@@ -199,7 +214,7 @@ pub fn svg(grids: &[Grid], per_row: usize, title: &str) -> String {
     if grids.iter().any(|g| g.decoded_from.is_some()) {
         let _ = writeln!(
             out,
-            r#"<text x="240" y="58" font-size="9" fill="{DIVIDER}">orange line: the rows below it were decoded one at a time with the KV cache on</text>"#
+            r#"<text x="240" y="58" font-size="9" fill="{DIVIDER}">dashed line: the rows below it were decoded one at a time with the KV cache on</text>"#
         );
     }
     for (i, g) in grids.iter().enumerate() {

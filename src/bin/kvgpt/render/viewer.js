@@ -1,8 +1,8 @@
 // kvgpt's attention viewer: everything it shows comes from the JSON in #kvgpt-data, written by
-// `kvgpt inspect attention --html`. Two views of one layer: lines from each query token (left)
-// to the keys it attends to (right), as bertviz draws them, and the heatmap with its axes. The
-// state (layer, head or "all", the query for the all-heads heatmap) is kept in the address's
-// #fragment, so a view can be linked to.
+// `kvgpt inspect attention --html`. For one layer: lines from each query token (left) to the keys
+// it attends to (right), as bertviz draws them, and the heatmap with both axes labelled; above
+// them, every layer × head as a thumbnail. The state (layer, head or "all", the query of the
+// all-heads heatmap) is kept in the address's #fragment, so a view can be linked to.
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("kvgpt-data").textContent);
@@ -11,16 +11,18 @@
   const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
   const state = { layer: D.layers[0], head: D.heads[0], query: S - 1 };
-  if (D.query !== null) { state.query = D.query; if (D.heads.length > 1) state.head = "all"; }
-  let hover = null; // {side: "q"|"k", pos} while the pointer is on a token
+  if (D.query !== null) { state.query = D.query; state.head = "all"; }
+  const hiddenHeads = new Set(); // heads switched off in the all-heads lines
+  let hover = null; // {side: "q"|"k", pos} while the pointer is on a token or a cell
 
   // The scale of kvgpt's terminal and SVG output: the same stops, interpolated the same way.
-  function shade(w) {
-    const p = D.palette, x = Math.min(Math.max(w, 0), 1) * (p.length - 1);
+  function rgbOf(w) {
+    const p = D.palette, x = (w >= 0 ? Math.min(w, 1) : 0) * (p.length - 1);
     const i = Math.min(Math.floor(x), p.length - 2), f = x - i;
-    const c = [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
-    return "rgb(" + c.join(",") + ")";
+    return [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
   }
+  function shade(w) { return "rgb(" + rgbOf(w).join(",") + ")"; }
+  function darkOn(w) { const c = rgbOf(w); return 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 140; }
   function el(name, attrs, parent, text) {
     const e = document.createElementNS(SVGNS, name);
     for (const k in attrs) e.setAttribute(k, attrs[k]);
@@ -31,19 +33,26 @@
   function headColour(h) { return HEAD_COLOURS[h % HEAD_COLOURS.length]; }
   // attn[layer index][head index][query] holds the weights on keys 0..query.
   function row(layer, head, q) { return D.attn[D.layers.indexOf(layer)][D.heads.indexOf(head)][q]; }
-  function shownHeads() { return state.head === "all" ? D.heads : [state.head]; }
+  function shownHeads() { return state.head === "all" ? D.heads.filter((h) => !hiddenHeads.has(h)) : [state.head]; }
+  // A token as drawn: cut to 24 characters (the whole of it is in its tooltip).
+  const MAX_CHARS = 24;
+  function cut(t) { return t.length > MAX_CHARS ? t.slice(0, MAX_CHARS - 1) + "…" : t; }
   function tokenText(i) { return i + " " + D.tokens[i]; }
+  const longest = D.tokens.reduce((m, t, i) => Math.max(m, cut(t).length + String(i).length + 1), 1);
   function say(text) { document.getElementById("readout").textContent = text; }
+  const IDLE = "Hover a token or a cell.";
 
   // --- lines: queries on the left, keys on the right ---------------------------------------
   // The tokens are built once per view; hovering redraws only the lines and the highlights, so
   // the element under the pointer stays (and a click on it lands).
-  const ROW_H = 18, LEFT_X = 150, RIGHT_X = 330, TOP = 24;
+  const ROW_H = 18, TOP = 24;
+  const BOX_W = Math.max(60, Math.ceil(7.3 * Math.max(...D.tokens.map((t) => cut(t).length))) + 12);
+  const LEFT_X = BOX_W + 8, RIGHT_X = LEFT_X + 180;
   const lineY = (i) => TOP + i * ROW_H + ROW_H / 2;
   function drawLines() {
     const svg = document.getElementById("lines");
     svg.replaceChildren();
-    svg.setAttribute("width", RIGHT_X + 160);
+    svg.setAttribute("width", RIGHT_X + BOX_W + 130);
     svg.setAttribute("height", TOP + S * ROW_H + 10);
     el("text", { x: LEFT_X, y: 12, "text-anchor": "end", "font-size": 11, fill: "#555" }, svg, "query");
     el("text", { x: RIGHT_X, y: 12, "font-size": 11, fill: "#555" }, svg, "key");
@@ -51,29 +60,29 @@
     for (const side of ["q", "k"]) {
       for (let i = 0; i < S; i++) {
         const g = el("g", { class: "tok " + side, "data-pos": i }, svg);
-        el("rect", { class: "bg", x: side === "q" ? LEFT_X - 140 : RIGHT_X, y: TOP + i * ROW_H + 1, width: 140,
+        el("title", {}, g, tokenText(i));
+        el("rect", { class: "bg", x: side === "q" ? LEFT_X - BOX_W : RIGHT_X, y: TOP + i * ROW_H + 1, width: BOX_W,
           height: ROW_H - 2, rx: 2 }, g);
-        el("text", { x: side === "q" ? LEFT_X : RIGHT_X + 4, y: lineY(i) + 4, "font-size": 12,
-          "text-anchor": side === "q" ? "end" : "start", "data-pos": i }, g, D.tokens[i]);
+        el("text", { x: side === "q" ? LEFT_X - 4 : RIGHT_X + 4, y: lineY(i) + 4, "font-size": 12,
+          "text-anchor": side === "q" ? "end" : "start", "data-pos": i }, g, cut(D.tokens[i]));
         g.addEventListener("mouseenter", () => { hover = { side: side, pos: i }; describeToken(side, i); paintLines(); });
-        g.addEventListener("mouseleave", () => { hover = null; paintLines(); });
+        g.addEventListener("mouseleave", () => { hover = null; say(IDLE); paintLines(); });
         if (side === "q") g.addEventListener("click", () => { state.query = i; update(); });
       }
     }
     if (D.prompt_len < S) {
       const yd = TOP + D.prompt_len * ROW_H;
-      el("line", { class: "divider", x1: 0, y1: yd, x2: RIGHT_X + 150, y2: yd }, svg);
-      el("text", { class: "divider-label", x: RIGHT_X + 64, y: yd + 12 }, svg, "↓ decoded with");
-      el("text", { class: "divider-label", x: RIGHT_X + 64, y: yd + 24 }, svg, "the KV cache on");
+      el("line", { class: "divider", x1: 0, y1: yd, x2: RIGHT_X + BOX_W + 4, y2: yd }, svg);
+      el("text", { class: "divider-label", x: RIGHT_X + BOX_W + 8, y: yd + 4 }, svg, "↓ decoded with");
+      el("text", { class: "divider-label", x: RIGHT_X + BOX_W + 8, y: yd + 16 }, svg, "the KV cache on");
     }
     paintLines();
   }
-  // The lines of the hovered token (all of them when none is), and the keys a hovered query
-  // reads shaded by their weight (one head).
+  // The lines of the hovered token (of the chosen query in all-heads mode; every line when
+  // nothing is chosen), and the keys a hovered query reads shaded by their weight (one head).
   function paintLines() {
     const lines = document.getElementById("attn-lines");
     lines.replaceChildren();
-    // All heads: one query's lines (the hovered one, else the chosen one), a colour per head.
     const only = hover && hover.side === "q" ? hover.pos : state.head === "all" && !hover ? state.query : null;
     for (const h of shownHeads()) {
       for (let q = 0; q < S; q++) {
@@ -98,7 +107,7 @@
       if (side === "k" && reading && i < reading.length) {
         bg.setAttribute("style", "fill:" + shade(reading[i]));
         bg.setAttribute("data-w", reading[i]);
-        text.setAttribute("fill", reading[i] > 0.55 ? "#fff" : "#222");
+        text.setAttribute("fill", darkOn(reading[i]) ? "#fff" : "#222");
       } else {
         bg.removeAttribute("style");
         bg.removeAttribute("data-w");
@@ -108,8 +117,7 @@
   }
   function describeToken(side, i) {
     if (state.head === "all") {
-      say(side === "q" ? "query " + tokenText(i) + " (click to show it over every head)"
-        : "key " + tokenText(i));
+      say(side === "q" ? "query " + tokenText(i) + " (click to show it over every head)" : "key " + tokenText(i));
       return;
     }
     if (side === "q") {
@@ -126,29 +134,58 @@
     }
   }
 
+  // --- the heads' switches (all-heads mode), as bertviz's coloured squares -----------------
+  function drawHeadSwitches() {
+    const box = document.getElementById("head-switches");
+    box.replaceChildren();
+    box.hidden = state.head !== "all";
+    if (box.hidden) return;
+    for (const h of D.heads) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.className = "head-switch" + (hiddenHeads.has(h) ? " off" : "");
+      b.dataset.head = h;
+      b.style.setProperty("--c", headColour(h));
+      b.textContent = "head " + h;
+      b.title = "show or hide head " + h + "'s lines";
+      b.addEventListener("click", () => {
+        if (hiddenHeads.has(h)) hiddenHeads.delete(h); else hiddenHeads.add(h);
+        drawHeadSwitches();
+        paintLines();
+      });
+      box.appendChild(b);
+    }
+  }
+
   // --- heatmap: one head's queries × keys, or one query's heads × keys -----------------------
   function drawGrid() {
     const svg = document.getElementById("grid");
     svg.replaceChildren();
     const all = state.head === "all";
     const rows = all ? D.heads.map((h) => ({ label: "head " + h, head: h, q: state.query }))
-      : Array.from({ length: S }, (_, q) => ({ label: tokenText(q), head: state.head, q: q }));
+      : Array.from({ length: S }, (_, q) => ({ label: q + " " + cut(D.tokens[q]), head: state.head, q: q }));
     const ncols = all ? state.query + 1 : S;
-    const cell = Math.max(6, Math.min(22, Math.floor(480 / Math.max(ncols, rows.length))));
+    // Cells big enough for a label each, up to 256 positions (the page scrolls); beyond,
+    // smaller cells and every few labels.
+    const n = Math.max(ncols, rows.length);
+    const cell = n <= 256 ? Math.max(11, Math.min(22, Math.floor(480 / n))) : Math.max(4, Math.floor(1400 / n));
     const every = Math.max(1, Math.ceil(11 / cell));
-    const lw = 130, top = 110;
-    svg.setAttribute("width", lw + ncols * cell + 190);
+    const charW = 6.2;
+    const lw = Math.ceil(charW * (all ? 8 : longest)) + 14, top = Math.ceil(charW * longest) + 14;
+    svg.setAttribute("width", lw + ncols * cell + 200);
     svg.setAttribute("height", top + rows.length * cell + 20);
     document.getElementById("grid-caption").textContent = all
       ? "Layer " + state.layer + ", every head: query " + tokenText(state.query) +
         " (rows are heads, columns keys). Click a query token on the left to choose another."
       : "Layer " + state.layer + " head " + state.head + ": rows are queries, columns keys.";
+    el("text", { class: "corner", x: lw - 4, y: top - 4, "font-size": 10, "text-anchor": "end", fill: "#555" }, svg,
+      all ? "head" : "q\\k");
     el("rect", { x: lw, y: top, width: ncols * cell, height: rows.length * cell, fill: D.masked }, svg);
     for (let k = 0; k < ncols; k++) {
       if (k % every) continue;
       const x = lw + k * cell + cell * 0.7;
       el("text", { class: "col-label", x: x, y: top - 4, "font-size": 10,
-        transform: "rotate(-90 " + x + " " + (top - 4) + ")" }, svg, tokenText(k));
+        transform: "rotate(-90 " + x + " " + (top - 4) + ")" }, svg, k + " " + cut(D.tokens[k]));
     }
     rows.forEach((r, i) => {
       if (i % every === 0) {
@@ -164,12 +201,56 @@
             ": " + ws[k].toFixed(4));
           if (!all) { hover = { side: "q", pos: r.q }; paintLines(); }
         });
+        c.addEventListener("mouseleave", () => { say(IDLE); if (!all) { hover = null; paintLines(); } });
       }
     });
     if (!all && D.prompt_len < S) {
       const yd = top + D.prompt_len * cell;
       el("line", { class: "divider", x1: lw - 60, y1: yd, x2: lw + ncols * cell + 6, y2: yd }, svg);
       el("text", { class: "divider-label", x: lw + ncols * cell + 8, y: yd + 3 }, svg, "decoded with the KV cache on ↓");
+    }
+  }
+
+  // --- the model view: every layer × head as a thumbnail; a click opens it ------------------
+  function drawModel() {
+    const box = document.getElementById("model");
+    const side = Math.max(48, Math.min(96, S));
+    box.replaceChildren();
+    box.style.gridTemplateColumns = "auto repeat(" + D.heads.length + ", " + (side + 6) + "px)";
+    box.appendChild(document.createElement("span"));
+    for (const h of D.heads) {
+      const s = document.createElement("span");
+      s.className = "model-head";
+      s.textContent = "head " + h;
+      box.appendChild(s);
+    }
+    for (const l of D.layers) {
+      const s = document.createElement("span");
+      s.className = "model-layer";
+      s.textContent = "layer " + l;
+      box.appendChild(s);
+      for (const h of D.heads) {
+        const c = document.createElement("canvas");
+        c.width = S;
+        c.height = S;
+        c.className = "thumb";
+        c.style.width = c.style.height = side + "px";
+        c.dataset.layer = l;
+        c.dataset.head = h;
+        c.title = "layer " + l + " head " + h;
+        const ctx = c.getContext("2d"), img = ctx.createImageData(S, S);
+        const grey = [1, 3, 5].map((j) => parseInt(D.masked.slice(j, j + 2), 16));
+        for (let q = 0; q < S; q++) {
+          const r = row(l, h, q);
+          for (let k = 0; k < S; k++) {
+            const px = k <= q ? rgbOf(r[k]) : grey, at = 4 * (q * S + k);
+            img.data[at] = px[0]; img.data[at + 1] = px[1]; img.data[at + 2] = px[2]; img.data[at + 3] = 255;
+          }
+        }
+        ctx.putImageData(img, 0, 0);
+        c.addEventListener("click", () => { state.layer = l; state.head = h; update(); });
+        box.appendChild(c);
+      }
     }
   }
 
@@ -204,22 +285,30 @@
     document.getElementById("head").value = String(state.head);
     const frag = "#layer=" + state.layer + "&head=" + state.head + "&query=" + state.query;
     if (location.hash !== frag) history.replaceState(null, "", frag);
+    for (const c of document.querySelectorAll("#model .thumb")) {
+      c.classList.toggle("selected", Number(c.dataset.layer) === state.layer &&
+        (state.head === "all" || Number(c.dataset.head) === state.head));
+    }
     hover = null;
+    say(IDLE);
+    drawHeadSwitches();
     drawLines();
     drawGrid();
   }
   const layerSel = document.getElementById("layer"), headSel = document.getElementById("head");
   for (const l of D.layers) layerSel.appendChild(new Option("layer " + l, String(l)));
   for (const h of D.heads) headSel.appendChild(new Option("head " + h, String(h)));
-  if (D.heads.length > 1) headSel.appendChild(new Option("all heads", "all"));
+  headSel.appendChild(new Option(D.heads.length > 1 ? "all heads" : "one query", "all"));
   layerSel.addEventListener("change", () => { state.layer = Number(layerSel.value); update(); });
   headSel.addEventListener("change", () => {
     state.head = headSel.value === "all" ? "all" : Number(headSel.value);
     update();
   });
+  document.getElementById("grid").addEventListener("mouseleave", () => say(IDLE));
   window.addEventListener("hashchange", () => { readHash(); update(); });
   readHash();
   drawScale();
+  drawModel();
   update();
   document.body.setAttribute("data-ready", "1");
 })();
