@@ -71,7 +71,6 @@ fn query_position(p: i64, s: usize) -> Result<usize> {
 /// The selected layers' and heads' weights of a trace: `matrix(li, hi)` is `[S, S]`.
 struct Weights {
     s: usize,
-    nh: usize,
     heads: Vec<usize>,
     per_layer: Vec<Vec<f32>>,
 }
@@ -79,8 +78,12 @@ struct Weights {
 impl Weights {
     fn matrix(&self, li: usize, hi: usize) -> &[f32] {
         let (s, h) = (self.s, self.heads[hi]);
-        debug_assert!(h < self.nh);
         &self.per_layer[li][h * s * s..(h + 1) * s * s]
+    }
+
+    /// Every selected matrix, `[layer index][head index]`.
+    fn matrices(&self) -> Vec<Vec<&[f32]>> {
+        (0..self.per_layer.len()).map(|li| (0..self.heads.len()).map(|hi| self.matrix(li, hi)).collect()).collect()
     }
 }
 
@@ -193,7 +196,7 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
         .iter()
         .map(|&l| tr.attention(l).map(|(_, a)| a).context("attention weights were not recorded"))
         .collect::<Result<_>>()?;
-    let w = Weights { s: n, nh: cfg.n_head, heads: heads.clone(), per_layer };
+    let w = Weights { s: n, heads: heads.clone(), per_layer };
     let labels = s.labels(&tr.ids);
     let title = format!(
         "attention of {} ({} prompt token{}{})",
@@ -229,7 +232,7 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             prompt_len: tr.prompt_len,
             layers: &layers,
             heads: &heads,
-            weights: (0..layers.len()).map(|li| (0..heads.len()).map(|hi| w.matrix(li, hi)).collect()).collect(),
+            weights: w.matrices(),
             query,
         });
         write_text(p, &page)?;
@@ -247,17 +250,13 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
         let v = match query {
             None => serde_json::to_value(MatricesJson {
                 seq,
-                attention: (0..layers.len())
-                    .map(|li| (0..heads.len()).map(|hi| w.matrix(li, hi).chunks(n).collect()).collect())
-                    .collect(),
+                attention: w.matrices().iter().map(|l| l.iter().map(|m| m.chunks(n).collect()).collect()).collect(),
             })?,
             Some(q) => serde_json::to_value(QueryJson {
                 seq,
                 query: q,
                 token: &labels[q],
-                weights: (0..layers.len())
-                    .map(|li| (0..heads.len()).map(|hi| &w.matrix(li, hi)[q * n..=q * n + q]).collect())
-                    .collect(),
+                weights: w.matrices().iter().map(|l| l.iter().map(|m| &m[q * n..=q * n + q]).collect()).collect(),
             })?,
         };
         print_json(&v)?;
@@ -299,11 +298,9 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             out!("{}", term::heatmap(&g, colors));
         }
     }
-    let mut data = Vec::with_capacity(layers.len() * heads.len() * n * n);
-    for li in 0..layers.len() {
-        for hi in 0..heads.len() {
-            data.extend_from_slice(w.matrix(li, hi));
-        }
+    if c.export.is_none() {
+        return Ok(());
     }
+    let data: Vec<f32> = w.matrices().concat().concat();
     do_export(c, &[Named { name: "attention".into(), shape: vec![layers.len(), heads.len(), n, n], data: &data }])
 }

@@ -123,14 +123,14 @@ pub fn window_that_fits(width: usize, keys: usize, last_index: usize, label_widt
     (1..keys).rev().find(|&n| used(n, true) <= width).unwrap_or(1)
 }
 
-/// `text` broken at spaces into lines at most `width` columns wide (a longer word stays whole);
-/// without a width, one line.
-pub fn wrap(text: &str, width: Option<usize>) -> String {
-    let Some(w) = width else { return text.to_string() };
+/// `text` broken at spaces into lines at most `limit` columns wide (a longer word stays whole);
+/// without a limit, one line.
+pub fn wrap(text: &str, limit: Option<usize>) -> String {
+    let Some(w) = limit else { return text.to_string() };
     let mut out = String::new();
     let mut line = 0;
     for word in text.split(' ') {
-        let n = console::measure_text_width(word);
+        let n = width(word);
         if line > 0 && line + 1 + n > w {
             out.push('\n');
             line = 0;
