@@ -24,7 +24,9 @@ struct Session {
 
 impl Session {
     fn start(args: &[&str]) -> Session {
-        let mut cmd = vec![env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
+        // `exec`: the shell `script` starts must not stay as kvgpt's parent in the terminal's
+        // process group, where a Ctrl-C would kill it (dash, CI's /bin/sh, does not exec by itself).
+        let mut cmd = vec!["exec".to_string(), env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
         cmd.extend(args.iter().map(|a| format!("'{a}'")));
         let mut child = Command::new("script")
             .args(["-qfec", &cmd.join(" "), "/dev/null"])
