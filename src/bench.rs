@@ -137,10 +137,10 @@ impl Runner<'_> {
                 for _ in 0..gen {
                     for s in seqs.iter_mut() {
                         s.sample(); // greedy
-                        s.schedule(1);
                     }
+                    let mut rows: Vec<_> = seqs.iter_mut().map(|s| s.rows(1)).collect();
                     let start = Instant::now();
-                    self.model.forward_batch(seqs, &mut self.scratch)?;
+                    self.model.forward_batch(&mut rows, &mut self.scratch)?;
                     steps.push(start.elapsed().as_secs_f64() * 1e3);
                 }
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;

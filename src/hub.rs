@@ -70,7 +70,7 @@ impl Locate {
         if path.is_dir() {
             return local_folder(path);
         }
-        if path.is_file() && crate::gguf::is_gguf(path) {
+        if path.is_file() && crate::weights::is_gguf(path) {
             // A GGUF holds the config, the weights and the tokenizer in one file.
             let p = path.to_path_buf();
             return Ok(ModelFiles {

@@ -2,8 +2,8 @@
 //! in each storage type, the KV cache's bytes, its tokenizer and the kernels' instruction set.
 //! Reads the config, the weights file's header and the tokenizer; not the weights.
 
-use crate::checkpoint::{self, Weights};
 use crate::error::Result;
+use crate::weights::{self, Weights};
 use crate::{KvCache, Model, ModelFiles, Tokenizer, WeightType};
 use kvgpt_kernels::Isa;
 use serde::Serialize;
@@ -81,8 +81,7 @@ pub fn describe(files: &ModelFiles) -> Result<Info> {
     let (cfg, _weights) = Weights::open(&files.config, &files.weights)?;
     let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
     let weights_file_bytes = std::fs::metadata(&files.weights).map(|m| m.len()).unwrap_or(0);
-    let parameters =
-        checkpoint::expected(&cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum();
+    let parameters = weights::expected(&cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum();
     let per_token = KvCache::bytes_per_position(&cfg);
     Ok(Info {
         name: files.name.clone(),

@@ -36,34 +36,34 @@
 
 pub mod bench;
 pub mod chat;
-pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod export;
 pub mod generate;
-pub mod gguf;
 pub mod hub;
 pub mod info;
 pub mod inspect;
 pub mod kv_cache;
+pub mod logprobs;
 pub mod model;
 pub mod prefix_cache;
 pub mod prompt_file;
 pub mod sampler;
-pub mod scheduler;
 pub mod score;
 pub mod sequence;
 pub mod stop;
 pub mod tap;
 pub mod tokenizer;
 pub mod verify;
+pub mod weights;
 
 pub use config::Config;
 pub use error::{Error, Result};
 pub use generate::{generate, generate_from, FinishReason, GenerateOptions, Generation, Step, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart};
-pub use model::{Batched, Model, Rows, Scratch};
+pub use model::{Model, Rows, Scratch};
 pub use sampler::{Sampler, Sampling};
 pub use sequence::Sequence;
 pub use tap::{NoTap, Point, Recorder, Tap};

@@ -16,10 +16,14 @@
 //! A full hit still needs the next-token logits: [`PrefixCache::lookup`] matches at most
 //! `len - 1` tokens, so the last prompt position is always computed (one decode-sized step)
 //! instead of keeping 200 KB of logits per entry.
+//!
+//! The cache knows no model and no sequence: a lookup is one descent that returns the matched
+//! length, the K/V spans to copy (the caller restores them) and a [`Hold`]. Holds are reference
+//! counts on the nodes of the matched path (a lookup that ends inside an edge splits it there,
+//! so a hold always covers whole nodes, and a later split gives both halves the count); only
+//! leaves nobody holds are evicted.
 
-use crate::error::Result;
 use crate::kv_cache::{KvCache, KvSpan};
-use crate::sequence::Sequence;
 
 const ROOT: usize = 0;
 
@@ -31,6 +35,8 @@ struct Node {
     parent: usize,
     children: Vec<usize>,
     last_used: u64,
+    /// Holds whose matched path covers this node.
+    refs: u32,
     alive: bool,
 }
 
@@ -40,11 +46,19 @@ impl Node {
     }
 }
 
-/// What a lookup matched: `len` tokens, held until released.
+/// A matched prefix that may not be evicted until [`PrefixCache::release`].
 #[derive(Debug, PartialEq, Eq)]
-pub struct Match {
+#[must_use = "a hold keeps its prefix in the cache until it is released"]
+pub struct Hold {
+    ids: Vec<u32>,
+}
+
+/// What a lookup found: `len` tokens, whose K/V are the `spans` in order (each whole), and the
+/// hold that keeps them.
+pub struct Lookup<'a> {
     pub len: usize,
-    hold: u64,
+    pub spans: Vec<&'a KvSpan>,
+    pub hold: Hold,
 }
 
 /// Counters for the metrics.
@@ -63,9 +77,6 @@ pub struct PrefixCache {
     budget: usize,
     used: usize,
     clock: u64,
-    /// The prefixes running requests hold, by hold number.
-    held: Vec<(u64, Vec<u32>)>,
-    next_hold: u64,
     pub stats: CacheStats,
 }
 
@@ -79,26 +90,14 @@ impl PrefixCache {
             parent: ROOT,
             children: vec![],
             last_used: 0,
+            refs: 0,
             alive: true,
         };
-        PrefixCache {
-            nodes: vec![root],
-            free: vec![],
-            budget,
-            used: 0,
-            clock: 0,
-            held: vec![],
-            next_hold: 0,
-            stats: CacheStats::default(),
-        }
+        PrefixCache { nodes: vec![root], free: vec![], budget, used: 0, clock: 0, stats: CacheStats::default() }
     }
 
     pub fn bytes(&self) -> usize {
         self.used
-    }
-
-    pub fn budget(&self) -> usize {
-        self.budget
     }
 
     /// Tokens held (the sum of every edge's length).
@@ -106,45 +105,48 @@ impl PrefixCache {
         self.nodes.iter().filter(|n| n.alive).map(|n| n.tokens.len()).sum()
     }
 
-    /// Starts `seq` (whose cache is empty) from the longest cached prefix of its ids, at most
-    /// `len - 1` tokens (the last position is always computed, for its logits): copies that
-    /// prefix's K/V into its cache. The prefix stays held (never evicted) until
-    /// [`PrefixCache::release`].
-    pub fn lookup(&mut self, seq: &mut Sequence) -> Result<Match> {
+    /// The longest cached prefix of `ids`, at most `len - 1` tokens (the last position is always
+    /// computed, for its logits), in one descent: its length, its K/V spans and a hold on them.
+    pub fn lookup(&mut self, ids: &[u32]) -> Lookup<'_> {
         self.clock += 1;
         self.stats.lookups += 1;
-        let ids = seq.ids();
-        let path = self.walk(ids);
+        let path = self.descend(ids, ids.len().saturating_sub(1));
         let len = path.iter().map(|&(_, take)| take).sum();
+        if let Some(&(last, take)) = path.last() {
+            if take < self.nodes[last].tokens.len() {
+                self.split(last, take); // the hold ends at a node's end
+            }
+        }
         for &(c, _) in &path {
             self.nodes[c].last_used = self.clock;
-        }
-        let held = ids[..len].to_vec();
-        for (c, take) in path {
-            seq.restore(&self.nodes[c].kv, 0, take)?;
+            self.nodes[c].refs += 1;
         }
         if len > 0 {
             self.stats.hits += 1;
         }
-        self.next_hold += 1;
-        self.held.push((self.next_hold, held));
-        Ok(Match { len, hold: self.next_hold })
+        let spans = path.iter().map(|&(c, _)| &self.nodes[c].kv).collect();
+        Lookup { len, spans, hold: Hold { ids: ids[..len].to_vec() } }
     }
 
-    /// How many tokens of `ids` a lookup would take from the cache now.
-    pub fn matched_len(&self, ids: &[u32]) -> usize {
-        self.walk(ids).iter().map(|&(_, take)| take).sum()
+    /// How many tokens of `ids` a lookup would take from the cache now (nothing is touched).
+    pub fn peek(&self, ids: &[u32]) -> usize {
+        self.descend(ids, ids.len().saturating_sub(1)).iter().map(|&(_, take)| take).sum()
     }
 
-    /// The nodes of the longest cached prefix of `ids[..len - 1]`, each with how many of its
-    /// tokens match.
-    fn walk(&self, ids: &[u32]) -> Vec<(usize, usize)> {
-        let max = ids.len().saturating_sub(1);
+    /// Lets a held prefix be evicted again.
+    pub fn release(&mut self, hold: Hold) {
+        for (c, _) in self.descend(&hold.ids, hold.ids.len()) {
+            self.nodes[c].refs -= 1;
+        }
+    }
+
+    /// The nodes along the longest cached prefix of `ids[..max]`, each with how many of its
+    /// tokens match (all but possibly the last's).
+    fn descend(&self, ids: &[u32], max: usize) -> Vec<(usize, usize)> {
         let mut path = vec![];
         let (mut node, mut len) = (ROOT, 0);
         while len < max {
-            let next = self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == ids[len]);
-            let Some(c) = next else { break };
+            let Some(c) = self.child(node, ids[len]) else { break };
             let common = self.nodes[c].tokens.iter().zip(&ids[len..max]).take_while(|(a, b)| a == b).count();
             path.push((c, common));
             len += common;
@@ -156,25 +158,8 @@ impl PrefixCache {
         path
     }
 
-    /// Lets a match's prefix be evicted again.
-    pub fn release(&mut self, m: Match) {
-        self.held.retain(|(h, _)| *h != m.hold);
-    }
-
-    /// Nodes that a held prefix passes through.
-    fn protected(&self) -> Vec<bool> {
-        let mut keep = vec![false; self.nodes.len()];
-        for (_, ids) in &self.held {
-            let (mut node, mut len) = (ROOT, 0);
-            while len < ids.len() {
-                let next = self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == ids[len]);
-                let Some(c) = next else { break };
-                keep[c] = true;
-                len += self.nodes[c].tokens.len();
-                node = c;
-            }
-        }
-        keep
+    fn child(&self, node: usize, first: u32) -> Option<usize> {
+        self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == first)
     }
 
     /// Stores the K/V of `ids[..cache.len()]` (what the cache holds of that sequence), sharing
@@ -182,18 +167,16 @@ impl PrefixCache {
     pub fn insert(&mut self, ids: &[u32], cache: &KvCache) {
         let end = cache.len().min(ids.len());
         self.clock += 1;
-        let (mut node, mut len) = (ROOT, 0);
-        while len < end {
-            let next = self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == ids[len]);
-            let Some(c) = next else { break };
-            let common = self.nodes[c].tokens.iter().zip(&ids[len..end]).take_while(|(a, b)| a == b).count();
+        let path = self.descend(ids, end);
+        let mut len = 0;
+        for &(c, common) in &path {
             if common < self.nodes[c].tokens.len() {
                 self.split(c, common);
             }
             self.nodes[c].last_used = self.clock;
             len += common;
-            node = c;
         }
+        let node = path.last().map_or(ROOT, |&(c, _)| c);
         if len < end {
             let leaf = Node {
                 tokens: ids[len..end].to_vec(),
@@ -202,6 +185,7 @@ impl PrefixCache {
                 parent: node,
                 children: vec![],
                 last_used: self.clock,
+                refs: 0,
                 alive: true,
             };
             self.stats.inserted_tokens += (end - len) as u64;
@@ -212,7 +196,8 @@ impl PrefixCache {
         self.evict_to(self.budget);
     }
 
-    /// Splits node `c` after `m` of its tokens: a new node takes the tail and `c`'s children.
+    /// Splits node `c` after `m` of its tokens: a new node takes the tail and `c`'s children,
+    /// and is held by whoever holds `c`.
     fn split(&mut self, c: usize, m: usize) {
         let tail_tokens = self.nodes[c].tokens.split_off(m);
         let tail_kv = self.nodes[c].kv.split_off(m);
@@ -224,6 +209,7 @@ impl PrefixCache {
             parent: c,
             children: n.children.clone(),
             last_used: n.last_used,
+            refs: n.refs,
             alive: true,
         };
         let id = self.alloc(tail);
@@ -248,15 +234,11 @@ impl PrefixCache {
 
     /// Evicts least recently used leaves that no request holds until at most `bytes` are used.
     pub fn evict_to(&mut self, bytes: usize) {
-        if self.used <= bytes {
-            return;
-        }
-        let keep = self.protected();
         while self.used > bytes {
             let victim = (1..self.nodes.len())
                 .filter(|&i| {
                     let n = &self.nodes[i];
-                    n.alive && n.children.is_empty() && !keep[i]
+                    n.alive && n.children.is_empty() && n.refs == 0
                 })
                 .min_by_key(|&i| self.nodes[i].last_used);
             let Some(v) = victim else { break }; // everything left is held
@@ -273,3 +255,6 @@ impl PrefixCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

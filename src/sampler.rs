@@ -47,10 +47,83 @@ impl Sampling {
         self.temperature == 0.0
     }
 
+    /// Checks every setting against its range: the one rule the CLI's flags and the server's
+    /// fields share (each names the setting its own way: [`Setting::flag`], [`Setting::param`]).
+    pub fn check(&self) -> Result<(), BadSetting> {
+        let bad = |setting, rule| Err(BadSetting { setting, rule });
+        let t = self.temperature;
+        if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
+            return bad(Setting::Temperature, format!("must be a number between 0 and 2 (0 = greedy), got {t}"));
+        }
+        if self.top_k == Some(0) {
+            return bad(Setting::TopK, "must be at least 1".into());
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad(Setting::TopP, format!("must be in (0, 1], got {p}"));
+        }
+        let r = self.repetition_penalty;
+        if !(r > 0.0 && r <= 10.0) {
+            return bad(Setting::RepetitionPenalty, format!("must be a number > 0 and at most 10 (1 = off), got {r}"));
+        }
+        for (setting, v) in
+            [(Setting::PresencePenalty, self.presence_penalty), (Setting::FrequencyPenalty, self.frequency_penalty)]
+        {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(setting, format!("must be in [-2, 2] (0 = off), got {v}"));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether any penalty changes the logits.
     pub fn penalizes(&self) -> bool {
         self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
     }
+}
+
+/// A sampler setting, as [`Sampling::check`] names the one out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    Temperature,
+    TopK,
+    TopP,
+    RepetitionPenalty,
+    PresencePenalty,
+    FrequencyPenalty,
+}
+
+impl Setting {
+    /// The command-line flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Setting::Temperature => "--temperature",
+            Setting::TopK => "--top-k",
+            Setting::TopP => "--top-p",
+            Setting::RepetitionPenalty => "--repetition-penalty",
+            Setting::PresencePenalty => "--presence-penalty",
+            Setting::FrequencyPenalty => "--frequency-penalty",
+        }
+    }
+
+    /// The request field of the OpenAI-compatible API.
+    pub fn param(self) -> &'static str {
+        match self {
+            Setting::Temperature => "temperature",
+            Setting::TopK => "top_k",
+            Setting::TopP => "top_p",
+            Setting::RepetitionPenalty => "repetition_penalty",
+            Setting::PresencePenalty => "presence_penalty",
+            Setting::FrequencyPenalty => "frequency_penalty",
+        }
+    }
+}
+
+/// A setting out of its range, and the range (`rule` reads after the setting's name).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{} {rule}", setting.param())]
+pub struct BadSetting {
+    pub setting: Setting,
+    pub rule: String,
 }
 
 pub struct Sampler {

@@ -7,6 +7,7 @@
 //! has nothing before it and is not scored, as with HF's `labels=ids`.
 
 use crate::error::{Error, Result};
+use crate::logprobs::Distribution;
 use crate::{KvCache, Model, NoTap, Scratch};
 use serde::Serialize;
 
@@ -111,10 +112,8 @@ pub fn score(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result
 
 /// The surprisal, probability and rank of `id` under one row of logits (log-softmax in f64).
 pub fn token_score(logits: &[f32], id: u32, position: usize, context: usize) -> TokenScore {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let lse = max + logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
     let target = logits[id as usize];
-    let surprisal = lse - target as f64;
+    let surprisal = -Distribution::of(logits).logprob(target);
     let rank = 1 + logits.iter().filter(|&&x| x > target).count();
     TokenScore { position, id, surprisal, prob: (-surprisal).exp(), rank, context }
 }

@@ -5,7 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvSpan};
-use crate::model::{Batched, Model, Rows, Scratch};
+use crate::model::{Model, Rows, Scratch};
 use crate::sampler::{Sampler, Sampling};
 use crate::tap::Tap;
 
@@ -18,8 +18,6 @@ pub struct Sequence {
     sampler: Sampler,
     /// `[V]`: the logits of position `cache.len() - 1`, valid once every id has been fed.
     logits: Vec<f32>,
-    /// Tokens after the cache that the next batched forward feeds (see [`Sequence::schedule`]).
-    window: usize,
 }
 
 impl Sequence {
@@ -44,7 +42,6 @@ impl Sequence {
             cache: KvCache::with_capacity(cfg, capacity),
             sampler: Sampler::new(sampling, cfg.vocab_size),
             logits: vec![0.0; cfg.vocab_size],
-            window: 0,
         })
     }
 
@@ -69,10 +66,14 @@ impl Sequence {
         self.ids.len() - self.cache.len()
     }
 
-    /// Feeds up to `n` pending tokens in the next [`Model::forward_batch`] call (0: sit it out).
-    /// The call that feeds the last pending token also computes the logits.
-    pub fn schedule(&mut self, n: usize) {
-        self.window = n.min(self.pending());
+    /// This sequence's part of a [`Model::forward_batch`] call: up to `n` of its pending tokens
+    /// (0: it sits the call out). The call that feeds the last pending token also computes the
+    /// logits.
+    pub fn rows(&mut self, n: usize) -> Rows<'_> {
+        let a = self.cache.len();
+        let b = a + n.min(self.ids.len() - a);
+        let logits: &mut [f32] = if b == self.ids.len() && b > a { &mut self.logits } else { &mut [] };
+        Rows { ids: &self.ids[a..b], cache: &mut self.cache, logits }
     }
 
     /// Feeds every pending token (in chunks of the scratch's rows), leaving the logits of the last.
@@ -111,7 +112,6 @@ impl Sequence {
         self.ids.clear();
         self.ids.extend_from_slice(prompt);
         self.prompt_len = prompt.len();
-        self.window = 0;
         Ok(())
     }
 
@@ -146,7 +146,6 @@ impl Sequence {
     /// Forgets the cache, so that the next feed recomputes every position (the uncached mode).
     pub fn forget_cache(&mut self) {
         self.cache.reset();
-        self.window = 0;
     }
 
     /// Starts the cache from K/V computed elsewhere for `ids[..]` (a cached prefix): positions
@@ -156,15 +155,6 @@ impl Sequence {
             return Err(Error::Invalid("a restored prefix is longer than the sequence".into()));
         }
         self.cache.append_span(span, from, to)
-    }
-}
-
-impl Batched for Sequence {
-    fn rows(&mut self) -> Rows<'_> {
-        let a = self.cache.len();
-        let b = a + self.window.min(self.ids.len() - a);
-        let logits: &mut [f32] = if b == self.ids.len() && b > a { &mut self.logits } else { &mut [] };
-        Rows { ids: &self.ids[a..b], cache: &mut self.cache, logits }
     }
 }
 

@@ -1,5 +1,37 @@
 //! Stop sequences: text that ends a completion where it first appears (OpenAI's `stop`), cut
-//! before it. Used by `kvgpt generate --stop` and the server alike.
+//! before it; and [`TextStream`], a sequence's tokens turned into the text a user sees. Used by
+//! `kvgpt generate` and the server alike.
+
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// A sequence's tokens turned into text as they come: whole UTF-8 characters only, the
+/// end-of-text token (when given) shown as nothing, and cut before the first stop sequence.
+pub struct TextStream<'a> {
+    tok: &'a Tokenizer,
+    eos: Option<u32>,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+}
+
+impl<'a> TextStream<'a> {
+    pub fn new(tok: &'a Tokenizer, eos: Option<u32>, stops: Vec<String>) -> TextStream<'a> {
+        TextStream { tok, eos, decoder: StreamDecoder::default(), stops: StopMatcher::new(stops) }
+    }
+
+    /// Adds a token: the text that can be shown now, and whether a stop sequence ended the text.
+    pub fn push(&mut self, id: u32) -> (String, bool) {
+        let piece =
+            if Some(id) == self.eos { self.decoder.finish() } else { self.decoder.push(self.tok.token_bytes(id)) };
+        self.stops.push(&piece)
+    }
+
+    /// The end (no stop sequence was reached): whatever was held back.
+    pub fn finish(&mut self) -> String {
+        let (mut text, _) = self.stops.push(&self.decoder.finish());
+        text.push_str(&self.stops.finish());
+        text
+    }
+}
 
 /// Holds back text that may be the start of a stop sequence; cuts at the first one found.
 pub struct StopMatcher {

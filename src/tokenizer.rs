@@ -39,7 +39,7 @@ impl Tokenizer {
         match files {
             TokenizerFiles::Json(p) => Tokenizer::from_json_file(p),
             TokenizerFiles::Gguf(p) => {
-                let json = crate::gguf::Gguf::open(p)?.tokenizer_json()?;
+                let json = crate::weights::Gguf::open(p)?.tokenizer_json()?;
                 Tokenizer::from_json_bytes(&json, &format!("{} (its tokenizer metadata)", p.display()))
             }
             TokenizerFiles::VocabMerges { vocab, merges } => Tokenizer::from_vocab_merges(vocab, merges),

@@ -2,8 +2,8 @@
 //! against golden logits from a file.
 
 use crate::error::{Error, Result};
-use crate::inspect::kl_divergence;
 use crate::kv_cache::KvCache;
+use crate::logprobs::kl_divergence;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::{argmax, Sampling};
 use crate::sequence::Sequence;

@@ -6,12 +6,11 @@
 mod common;
 
 use common::*;
+use kvgpt::engine::{self, EngineConfig, EngineHandle, Event, Events, NoMonitor, Request};
+use kvgpt::logprobs::TokenLogprob;
 use kvgpt::prefix_cache::PrefixCache;
-use kvgpt::scheduler::{self, Client, Command, EngineConfig, Event, Monitor, TokenLogprob};
 use kvgpt::{generate, GenerateOptions, Model, Sampling, Scratch, Sequence};
-use std::sync::atomic::AtomicUsize;
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::Arc;
 
 const TOL: f32 = 1e-4;
 
@@ -107,10 +106,11 @@ fn batched_sequences_get_the_bits_they_get_alone() {
             let mut step = 0;
             while got.iter().zip(&members).any(|(g, &m)| g.len() < cases[m].steps) {
                 let mut left = budget;
-                for (i, s) in seqs.iter_mut().enumerate() {
+                let mut chunks = vec![];
+                for (i, s) in seqs.iter().enumerate() {
                     let done = got[i].len() >= cases[members[i]].steps;
                     let chunk = if done || i > step { 0 } else { [1, 3, 7, 16, 200][i % 5].min(left) };
-                    s.schedule(chunk);
+                    chunks.push(chunk);
                     left -= chunk.min(s.pending());
                 }
                 if seqs
@@ -118,7 +118,8 @@ fn batched_sequences_get_the_bits_they_get_alone() {
                     .zip(0..)
                     .any(|(s, i)| i <= step && s.pending() > 0 && got[i].len() < cases[members[i]].steps)
                 {
-                    model.forward_batch(&mut seqs, &mut scratch).unwrap();
+                    let mut rows: Vec<_> = seqs.iter_mut().zip(&chunks).map(|(s, &n)| s.rows(n)).collect();
+                    model.forward_batch(&mut rows, &mut scratch).unwrap();
                 }
                 for (i, s) in seqs.iter_mut().enumerate() {
                     if s.pending() == 0 && got[i].len() < cases[members[i]].steps {
@@ -164,10 +165,13 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
         [(p2.ids[..20].to_vec(), 19), (p2.ids[..60].to_vec(), 59), (p2.ids[..88].to_vec(), 60), (diverged, 30)]
     {
         let mut warm = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
-        let m = cache.lookup(&mut warm).unwrap();
-        assert_eq!(m.len, want_hit, "reuse stops at the first differing token, and before the last");
+        let kvgpt::prefix_cache::Lookup { len, spans, hold } = cache.lookup(warm.ids());
+        assert_eq!(len, want_hit, "reuse stops at the first differing token, and before the last");
+        for span in spans {
+            warm.restore(span, 0, span.len).unwrap();
+        }
+        cache.release(hold);
         warm.feed(model, &mut scratch).unwrap();
-        cache.release(m);
         let mut cold = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
         cold.feed(model, &mut scratch).unwrap();
         assert_eq!(bits(warm.logits()), bits(cold.logits()), "{} tokens, {want_hit} cached", ids.len());
@@ -189,43 +193,21 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
     assert!(small.stats.evicted_nodes == 1);
 }
 
-struct Events(mpsc::Sender<Event>);
-
-impl Client for Events {
-    fn send(&mut self, e: Event) -> bool {
-        self.0.send(e).is_ok()
-    }
-    fn gone(&self) -> bool {
-        false
-    }
-}
-
-struct NoMonitor;
-impl Monitor for NoMonitor {}
-
-/// An engine thread over `model`: its channel and its thread.
-fn engine(model: &Arc<Model>, cfg: EngineConfig) -> (mpsc::Sender<Command>, std::thread::JoinHandle<()>) {
-    scheduler::spawn(model.clone(), cfg, Arc::new(AtomicUsize::new(0)), Box::new(NoMonitor), None).unwrap()
+/// An engine thread over `model`: its handle and its thread.
+fn engine(model: &Arc<Model>, cfg: EngineConfig) -> (EngineHandle, std::thread::JoinHandle<()>) {
+    engine::spawn(model.clone(), EngineConfig { max_queue: 64, ..cfg }, Box::new(NoMonitor), None).unwrap()
 }
 
 /// (ids, logprob bits, cached tokens) of one request's answer.
 type Answer = (Vec<u32>, Vec<(u64, Vec<(u32, u64)>)>, usize);
 
-fn submit(engine: &mpsc::Sender<Command>, prompt: &[u32], max_new: usize, sampling: Sampling) -> mpsc::Receiver<Event> {
-    let (tx, rx) = mpsc::channel();
-    let req = scheduler::Request {
-        prompt: prompt.to_vec(),
-        max_new_tokens: max_new,
-        sampling,
-        stop_at_eos: false,
-        logprobs: Some(3),
-        client: Box::new(Events(tx)),
-    };
-    engine.send(Command::Submit(req, Instant::now())).unwrap();
-    rx
+fn submit(engine: &EngineHandle, prompt: &[u32], max_new: usize, sampling: Sampling) -> Events {
+    let req =
+        Request { prompt: prompt.to_vec(), max_new_tokens: max_new, sampling, stop_at_eos: false, logprobs: Some(3) };
+    engine.submit(req).unwrap()
 }
 
-fn answer(rx: mpsc::Receiver<Event>) -> Answer {
+fn answer(rx: Events) -> Answer {
     let (mut ids, mut lps, mut cached) = (vec![], vec![], 0);
     for e in rx {
         match e {
@@ -268,7 +250,8 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         // The single-sequence path: `generate`, for ids and the logprobs' source.
         let opts = GenerateOptions { max_new_tokens: 12, sampling, stop_at_eos: false, use_cache: true };
         let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap().generated_ids;
-        let start = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes });
+        let start =
+            |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes, max_queue: 0 });
         let (engine, thread) = start(16 << 20);
         let cold = answer(submit(&engine, &question(0), 12, sampling));
         assert_eq!(cold.0, want, "served alone = generate()");
@@ -292,7 +275,8 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         thread.join().unwrap();
     }
     // And the engine against HF: every reference prompt's greedy ids, cold and then warm, all at once.
-    let (tx, thread) = engine(&model, EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20 });
+    let (tx, thread) =
+        engine(&model, EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20, max_queue: 0 });
     let prompts = reference.prompts();
     let rxs: Vec<_> =
         prompts.iter().chain(&prompts).map(|p| submit(&tx, &p.ids, p.greedy_ids.len(), Sampling::GREEDY)).collect();
@@ -318,7 +302,7 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
         q
     };
     let sampling = Sampling { temperature: 0.7, seed: 9, ..Sampling::GREEDY };
-    let spawn = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes });
+    let spawn = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes, max_queue: 0 });
     let (engine, thread) = spawn(16 << 20);
     let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();
     let together: Vec<Answer> = rxs.into_iter().map(answer).collect();

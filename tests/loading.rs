@@ -395,7 +395,7 @@ fn a_weights_file_that_shrinks_while_loading_is_an_error_not_sigbus() {
     // read, reported as such (a memory map would die of SIGBUS here).
     let dir = variant(&fixture_tensors());
     let path = dir.path().join("model.safetensors");
-    let ck = kvgpt::checkpoint::Checkpoint::open(&path).unwrap();
+    let ck = kvgpt::weights::Checkpoint::open(&path).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 3).unwrap();
     let e = ck.tensor("wte.weight", &[50257, 64]).unwrap_err().to_string();

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvgpt::checkpoint::{parse_header, Checkpoint};
+use kvgpt::weights::{parse_header, Checkpoint};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 

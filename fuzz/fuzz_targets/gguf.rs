@@ -2,7 +2,7 @@
 //! metadata, checked against its own config, and its tensors read.
 #![no_main]
 
-use kvgpt::gguf::Gguf;
+use kvgpt::weights::gguf::Gguf;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
             }
             if let Ok(cfg) = g.config() {
                 if g.check(&cfg).is_ok() {
-                    for (name, dims) in kvgpt::checkpoint::expected(&cfg) {
+                    for (name, dims) in kvgpt::weights::expected(&cfg) {
                         let shape: Vec<usize> = dims.iter().map(|d| d.1).collect();
                         let _ = g.tensor(&name, &shape);
                     }

@@ -3,10 +3,8 @@
 use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use kvgpt::stop::StopMatcher;
-use kvgpt::{
-    generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, Step, StreamDecoder, Tokenizer,
-};
+use kvgpt::stop::TextStream;
+use kvgpt::{generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, Step, Tokenizer};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -74,38 +72,21 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    /// The sampler settings, each flag checked.
+    /// The sampler settings, each flag checked ([`Sampling::check`]).
     pub fn sampling(&self) -> Result<Sampling> {
         let a = self;
-        if let Some(t) = a.temperature {
-            if !(t.is_finite() && t >= 0.0) {
-                bail!("--temperature must be a number >= 0 (0 = greedy), got {t}");
-            }
-        }
-        if let Some(p) = a.top_p {
-            if !(p > 0.0 && p <= 1.0) {
-                bail!("--top-p must be in (0, 1], got {p}");
-            }
-        }
-        if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
-            bail!("--repetition-penalty must be a number > 0 (1 = off), got {}", a.repetition_penalty);
-        }
-        for (flag, v) in [("--presence-penalty", a.presence_penalty), ("--frequency-penalty", a.frequency_penalty)] {
-            if !(-2.0..=2.0).contains(&v) {
-                bail!("{flag} must be in [-2, 2] (0 = off), got {v}");
-            }
-        }
         let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
-        let temperature = if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 };
-        Ok(Sampling {
-            temperature,
+        let s = Sampling {
+            temperature: if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 },
             top_k: a.top_k.map(|k| k as usize),
             top_p: a.top_p,
             seed: a.seed,
             repetition_penalty: a.repetition_penalty,
             presence_penalty: a.presence_penalty,
             frequency_penalty: a.frequency_penalty,
-        })
+        };
+        s.check().map_err(|e| anyhow::anyhow!("{} {}", e.setting.flag(), e.rule))?;
+        Ok(s)
     }
 }
 
@@ -157,7 +138,7 @@ pub fn sampler_words(s: &Sampling) -> String {
 }
 
 /// One generated token with its log-probability and the most likely alternatives (the server's
-/// numbers: `kvgpt::scheduler::token_logprob`), as `--json` and the text report show it.
+/// numbers: `kvgpt::logprobs::token_logprob`), as `--json` and the text report show it.
 #[derive(Serialize)]
 struct LogprobEntry {
     id: u32,
@@ -175,7 +156,7 @@ struct Alternative {
 
 impl LogprobEntry {
     fn of(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> LogprobEntry {
-        let lp = kvgpt::scheduler::token_logprob(logits, id, k);
+        let lp = kvgpt::logprobs::token_logprob(logits, id, k);
         LogprobEntry {
             id,
             token: tok.token_label(id),
@@ -215,12 +196,11 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let reused = seq.cache().len();
 
     let mut stdout = std::io::stdout().lock();
-    let mut stream = StreamDecoder::default();
     if !a.json {
         write!(stdout, "{prompt}").and_then(|_| stdout.flush()).map_err(crate::out::error)?;
     }
     let mut logprobs = Vec::new();
-    let mut stops = StopMatcher::new(a.stop.clone());
+    let mut stream = TextStream::new(tok, opts.stop_at_eos.then_some(eos), a.stop.clone());
     let mut text = String::new(); // what was shown: the generated text, cut at a stop sequence
     let mut emit = |t: &str, stdout: &mut std::io::StdoutLock| -> kvgpt::Result<()> {
         text.push_str(t);
@@ -235,16 +215,12 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         if let Some(k) = a.logprobs {
             logprobs.push(LogprobEntry::of(tok, id, logits, k));
         }
-        if opts.stop_at_eos && id == eos {
-            return Ok(Step::Go); // the loop ends here; the text ends without it
-        }
-        let (t, stopped) = stops.push(&stream.push(tok.token_bytes(id)));
+        let (t, stopped) = stream.push(id);
         emit(&t, &mut stdout)?;
         Ok(if stopped { Step::Stop } else { Step::Go })
     })?;
     if g.finish_reason != FinishReason::Stop {
-        let (mut t, _) = stops.push(&stream.finish());
-        t.push_str(&stops.finish());
+        let t = stream.finish();
         emit(&t, &mut stdout)?;
     }
     if let Some(file) = &a.prompt_cache {

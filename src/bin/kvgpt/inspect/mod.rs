@@ -6,7 +6,8 @@ use crate::{load, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use kvgpt::export::{self, Named};
-use kvgpt::inspect::{top_k, trace, Trace, TraceSpec};
+use kvgpt::inspect::{trace, Trace, TraceSpec};
+use kvgpt::logprobs::top_k;
 use kvgpt::{KvPart, Loaded, Point};
 use serde::Serialize;
 use serde_json::{json, Value};

@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use kvgpt::Sampling;
 use serde_json::{json, Map, Value};
 
 /// An error answered as OpenAI's error object.
@@ -67,13 +68,8 @@ pub struct Params {
     pub model: Option<String>,
     pub prompts: Vec<Prompt>,
     pub max_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: usize,
-    pub seed: u64,
-    pub presence_penalty: f32,
-    pub frequency_penalty: f32,
-    pub repetition_penalty: f32,
+    /// The sampler of the first choice; choice `j` samples with seed `seed + j`.
+    pub sampling: Sampling,
     pub stop: Vec<String>,
     pub echo: bool,
     /// Alternatives per token (completions: `logprobs: N`; chat: `top_logprobs` with `logprobs: true`).
@@ -125,14 +121,28 @@ fn int(m: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> ApiResult<Option<
     Ok(Some(n))
 }
 
-fn num(m: &Map<String, Value>, key: &str, ok: impl Fn(f64) -> bool, range: &str) -> ApiResult<Option<f64>> {
+/// A number (its range is the sampler's to check).
+fn num(m: &Map<String, Value>, key: &str) -> ApiResult<Option<f32>> {
     let Some(v) = field(m, key) else { return Ok(None) };
-    let x =
-        v.as_f64().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be a number {range}, got {}", kind(v))))?;
-    if !ok(x) {
-        return Err(ApiError::bad(key, format!("`{key}` must be {range}, got {x}")));
-    }
-    Ok(Some(x))
+    let x = v.as_f64().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be a number, got {}", kind(v))))?;
+    Ok(Some(x as f32))
+}
+
+/// The sampler the fields ask for, checked by the library's one rule ([`Sampling::check`]).
+fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
+    let s = Sampling {
+        temperature: num(m, "temperature")?.unwrap_or(1.0),
+        top_p: num(m, "top_p")?.filter(|&p| p != 1.0),
+        // vLLM's convention: -1 (or 0) means no top-k.
+        top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.filter(|&k| k > 0).map(|k| k as usize),
+        seed: int(m, "seed", 0, i64::MAX)?.unwrap_or(0) as u64,
+        // HF's repetition penalty, as vLLM and TGI accept it beside the OpenAI fields.
+        repetition_penalty: num(m, "repetition_penalty")?.unwrap_or(1.0),
+        presence_penalty: num(m, "presence_penalty")?.unwrap_or(0.0),
+        frequency_penalty: num(m, "frequency_penalty")?.unwrap_or(0.0),
+    };
+    s.check().map_err(|e| ApiError::bad(e.setting.param(), format!("`{}` {}", e.setting.param(), e.rule)))?;
+    Ok(s)
 }
 
 fn boolean(m: &Map<String, Value>, key: &str) -> ApiResult<bool> {
@@ -207,12 +217,6 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) ->
         Some(Value::String(s)) => Some(s.clone()),
         Some(v) => return Err(ApiError::bad("model", format!("`model` must be a string, got {}", kind(v)))),
     };
-    let penalty =
-        |key| Ok::<_, ApiError>(num(m, key, |x| (-2.0..=2.0).contains(&x), "between -2 and 2")?.unwrap_or(0.0) as f32);
-    let (presence_penalty, frequency_penalty) = (penalty("presence_penalty")?, penalty("frequency_penalty")?);
-    // HF's repetition penalty, as vLLM and TGI accept it beside the OpenAI fields.
-    let repetition_penalty =
-        num(m, "repetition_penalty", |x| x > 0.0 && x <= 10.0, "in (0, 10]")?.unwrap_or(1.0) as f32;
     int(m, "best_of", 1, 1)?; // only the default
     let stream_options = match field(m, "stream_options") {
         None => None,
@@ -243,13 +247,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) ->
         model,
         prompts,
         max_tokens,
-        temperature: num(m, "temperature", |x| (0.0..=2.0).contains(&x), "between 0 and 2")?.unwrap_or(1.0) as f32,
-        top_p: num(m, "top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?.unwrap_or(1.0) as f32,
-        top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.map_or(0, |k| k.max(0) as usize),
-        seed: int(m, "seed", 0, i64::MAX)?.unwrap_or(0) as u64,
-        presence_penalty,
-        frequency_penalty,
-        repetition_penalty,
+        sampling: sampling(m)?,
         stop: stop(m)?,
         echo: false,
         logprobs: None,

@@ -2,7 +2,7 @@
 //! process-wide recorder is installed): the HTTP side records requests, the engine thread records
 //! tokens, latencies, the running and waiting counts and the K/V memory.
 
-use kvgpt::scheduler::{Gauges, Monitor, Usage};
+use kvgpt::engine::{Ending, Gauges, Monitor, Usage};
 use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::sync::Arc;
@@ -30,6 +30,14 @@ impl Metrics {
             );
             metrics::describe_counter!("kvgpt_generated_tokens_total", "tokens generated");
             metrics::describe_counter!("kvgpt_sequences_cancelled_total", "sequences whose client went away");
+            metrics::describe_counter!(
+                "kvgpt_sequences_finished_total",
+                "sequences that left the engine, by reason: eos, length, stop (a stop sequence), cancelled, error"
+            );
+            for e in Ending::ALL {
+                counter!("kvgpt_sequences_finished_total", "reason" => e.label()).absolute(0);
+            }
+            counter!("kvgpt_sequences_cancelled_total").absolute(0);
             metrics::describe_histogram!("kvgpt_time_to_first_token_seconds", "submission to the first token");
             metrics::describe_histogram!("kvgpt_inter_token_latency_seconds", "time between two tokens of a sequence");
             metrics::describe_histogram!("kvgpt_request_duration_seconds", "whole completion requests");
@@ -103,12 +111,13 @@ impl Monitor for EngineMonitor {
         self.0.with(|| histogram!("kvgpt_inter_token_latency_seconds").record(itl.as_secs_f64()));
     }
 
-    fn finished(&mut self, u: &Usage, cancelled: bool) {
+    fn finished(&mut self, u: &Usage, ending: Ending) {
         self.0.with(|| {
             counter!("kvgpt_prompt_tokens_total").increment(u.prompt_tokens as u64);
             counter!("kvgpt_prompt_cached_tokens_total").increment(u.cached_tokens as u64);
             counter!("kvgpt_generated_tokens_total").increment(u.completion_tokens as u64);
-            if cancelled {
+            counter!("kvgpt_sequences_finished_total", "reason" => ending.label()).increment(1);
+            if ending == Ending::Cancelled {
                 counter!("kvgpt_sequences_cancelled_total").increment(1);
             }
         });

@@ -6,6 +6,8 @@
 //! they are transposed back here. Q8_0 blocks (an f16 scale and 32 int8 values along a row)
 //! are widened to f32 exactly (`d · q`); an F32 GGUF gives the safetensors source's bits.
 
+use super::names;
+use super::read::read_at;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
@@ -288,42 +290,11 @@ impl Gguf {
         Ok(serde_json::to_vec(&doc).expect("a JSON document serializes"))
     }
 
-    /// The GGUF name and whether its data is a transposed Conv1D weight, for a Hugging Face name
-    /// (without `transformer.`).
-    fn gguf_name(hf: &str) -> Option<(String, bool)> {
-        let simple = |s: &str| Some((s.to_string(), false));
-        match hf {
-            "wte.weight" => return simple("token_embd.weight"),
-            "wpe.weight" => return simple("position_embd.weight"),
-            "ln_f.weight" => return simple("output_norm.weight"),
-            "ln_f.bias" => return simple("output_norm.bias"),
-            _ => {}
-        }
-        let rest = hf.strip_prefix("h.")?;
-        let (i, part) = rest.split_once('.')?;
-        let (g, t) = match part {
-            "ln_1.weight" => ("attn_norm.weight", false),
-            "ln_1.bias" => ("attn_norm.bias", false),
-            "attn.c_attn.weight" => ("attn_qkv.weight", true),
-            "attn.c_attn.bias" => ("attn_qkv.bias", false),
-            "attn.c_proj.weight" => ("attn_output.weight", true),
-            "attn.c_proj.bias" => ("attn_output.bias", false),
-            "ln_2.weight" => ("ffn_norm.weight", false),
-            "ln_2.bias" => ("ffn_norm.bias", false),
-            "mlp.c_fc.weight" => ("ffn_up.weight", true),
-            "mlp.c_fc.bias" => ("ffn_up.bias", false),
-            "mlp.c_proj.weight" => ("ffn_down.weight", true),
-            "mlp.c_proj.bias" => ("ffn_down.bias", false),
-            _ => return None,
-        };
-        Some((format!("blk.{i}.{g}"), t))
-    }
-
     /// The GGUF tensor behind HF name `hf`: its GGUF name, whether it is stored transposed, its
     /// entry and its shape in HF's layout.
     fn lookup(&self, hf: &str) -> Result<(String, bool, &TensorInfo, Vec<usize>)> {
         let (name, transposed) =
-            Gguf::gguf_name(hf).ok_or_else(|| Error::MissingTensor { name: hf.into(), file: self.file.clone() })?;
+            names::gguf_name(hf).ok_or_else(|| Error::MissingTensor { name: hf.into(), file: self.file.clone() })?;
         let t = self
             .tensors
             .get(&name)
@@ -428,7 +399,7 @@ impl Gguf {
 
     /// Every tensor the config implies is present with its shape, and nothing beyond `n_layer`.
     pub fn check(&self, cfg: &Config) -> Result<()> {
-        for (name, dims) in crate::checkpoint::expected(cfg) {
+        for (name, dims) in names::expected(cfg) {
             let (g, _, _, got) = self.lookup(&name)?;
             let want: Vec<usize> = dims.iter().map(|d| d.1).collect();
             if got != want {
@@ -448,8 +419,4 @@ impl Gguf {
         }
         Ok(())
     }
-}
-
-fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    crate::checkpoint::read_at(f, buf, offset)
 }

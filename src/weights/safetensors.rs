@@ -11,6 +11,8 @@
 //! under the loader is a short read, reported as such; the weights are copied into the model's own
 //! memory anyway (converted, packed), so the map saved nothing after load.
 
+use super::names;
+use super::read::read_at;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use half::{bf16, f16};
@@ -287,7 +289,7 @@ impl Checkpoint {
     /// implies is present with the shape it implies (the error names the config keys and both
     /// shapes) and a dtype kvgpt reads, and the file holds no transformer block beyond `n_layer`.
     pub fn check(&self, cfg: &Config) -> Result<()> {
-        for (name, dims) in expected(cfg) {
+        for (name, dims) in names::expected(cfg) {
             let (full, t) = self.info(&name)?;
             let want: Vec<usize> = dims.iter().map(|d| d.1).collect();
             if t.shape != want {
@@ -327,93 +329,4 @@ fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
         }
     }
     idx
-}
-
-/// Reads exactly `buf.len()` bytes at `offset` (an `UnexpectedEof` error if the file is shorter).
-pub(crate) fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        std::os::unix::fs::FileExt::read_exact_at(f, buf, offset)
-    }
-    #[cfg(windows)]
-    {
-        let (mut done, mut at) = (0, offset);
-        while done < buf.len() {
-            match std::os::windows::fs::FileExt::seek_read(f, &mut buf[done..], at)? {
-                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-                n => (done, at) = (done + n, at + n as u64),
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Every tensor (without prefix) a GPT-2 checkpoint of this config must hold, with its shape as
-/// (config key, size) pairs.
-pub fn expected(cfg: &Config) -> Vec<(String, Vec<(&'static str, usize)>)> {
-    let (c, f, v, p) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size, cfg.n_positions);
-    let c3 = cfg.qkv_width();
-    let mut out = vec![
-        ("wte.weight".to_string(), vec![("vocab_size", v), ("n_embd", c)]),
-        ("wpe.weight".to_string(), vec![("n_positions", p), ("n_embd", c)]),
-    ];
-    for i in 0..cfg.n_layer {
-        let parts: [(&str, Vec<(&'static str, usize)>); 12] = [
-            ("ln_1.weight", vec![("n_embd", c)]),
-            ("ln_1.bias", vec![("n_embd", c)]),
-            ("attn.c_attn.weight", vec![("n_embd", c), ("3·n_embd", c3)]),
-            ("attn.c_attn.bias", vec![("3·n_embd", c3)]),
-            ("attn.c_proj.weight", vec![("n_embd", c), ("n_embd", c)]),
-            ("attn.c_proj.bias", vec![("n_embd", c)]),
-            ("ln_2.weight", vec![("n_embd", c)]),
-            ("ln_2.bias", vec![("n_embd", c)]),
-            ("mlp.c_fc.weight", vec![("n_embd", c), ("n_inner", f)]),
-            ("mlp.c_fc.bias", vec![("n_inner", f)]),
-            ("mlp.c_proj.weight", vec![("n_inner", f), ("n_embd", c)]),
-            ("mlp.c_proj.bias", vec![("n_embd", c)]),
-        ];
-        out.extend(parts.into_iter().map(|(part, dims)| (format!("h.{i}.{part}"), dims)));
-    }
-    out.push(("ln_f.weight".into(), vec![("n_embd", c)]));
-    out.push(("ln_f.bias".into(), vec![("n_embd", c)]));
-    out
-}
-
-/// Where a model's tensors come from: a safetensors checkpoint or a GGUF file, seen through the
-/// same names (Hugging Face's, without `transformer.`) and layouts.
-pub enum Weights {
-    Safetensors(Checkpoint),
-    Gguf(crate::gguf::Gguf),
-}
-
-impl Weights {
-    /// Opens `weights` (GGUF when its first bytes say so) and returns it with the config: from
-    /// `config` for safetensors, from the GGUF's metadata otherwise. Checked against each other.
-    pub fn open(config: &Path, weights: &Path) -> Result<(Config, Weights)> {
-        if crate::gguf::is_gguf(weights) {
-            let g = crate::gguf::Gguf::open(weights)?;
-            let cfg = g.config()?;
-            g.check(&cfg)?;
-            return Ok((cfg, Weights::Gguf(g)));
-        }
-        let cfg = Config::from_file(config)?;
-        let ck = Checkpoint::open(weights)?;
-        ck.check(&cfg)?;
-        Ok((cfg, Weights::Safetensors(ck)))
-    }
-
-    pub fn tensor(&self, name: &str, want: &[usize]) -> Result<Vec<f32>> {
-        match self {
-            Weights::Safetensors(ck) => ck.tensor(name, want),
-            Weights::Gguf(g) => Ok(g.tensor(name, want)?.0),
-        }
-    }
-
-    /// Streams the rows of tensor `name` to `f`; returns the stored type's name.
-    pub fn tensor_rows(&self, name: &str, want: &[usize], f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
-        match self {
-            Weights::Safetensors(ck) => ck.tensor_rows(name, want, f).map(Stored::name),
-            Weights::Gguf(g) => g.tensor_rows(name, want, f),
-        }
-    }
 }

@@ -1,0 +1,111 @@
+//! Admission: parse the body, tokenize the prompts, check them against the context, and submit
+//! every sequence (prompt × choice) to the engine at once.
+
+use super::api::{ApiError, ApiResult, Params, Prompt};
+use super::endpoint::Endpoint;
+use super::http::{body_object, ready, Shared};
+use axum::body::Body;
+use axum::http::StatusCode;
+use kvgpt::engine::{Events, Request, SubmitError};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// A request split into sequences: prompt `i`, choice `j` is `seqs[i * n + j]`.
+pub struct Job {
+    pub ep: Endpoint,
+    pub id: String,
+    pub params: Params,
+    pub prompt_ids: Vec<Vec<u32>>,
+    pub prompt_texts: Vec<String>,
+    pub seqs: Vec<Events>,
+    pub started: Instant,
+}
+
+/// Parses, checks every limit, and submits the sequences.
+pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
+    let r = ready(app)?;
+    let params = ep.params(&body_object(app, body).await?)?;
+    if let Some(m) = &params.model {
+        if m != &r.name && m != "kvgpt" {
+            let mut e = ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "model_not_found",
+                format!("the model `{m}` does not exist here; this server serves `{}`", r.name),
+            );
+            e.param = Some("model".into());
+            return Err(e);
+        }
+    }
+    let mut prompt_ids = vec![];
+    let mut prompt_texts = vec![];
+    let mut reqs = vec![];
+    for p in &params.prompts {
+        let (mut ids, text) = match p {
+            Prompt::Text(t) => {
+                // A long text takes a while to tokenize: off the async worker's hot loop.
+                let ids = tokio::task::block_in_place(|| r.tok.encode(t));
+                (ids.map_err(|e| ApiError::bad("prompt", e.to_string()))?, t.clone())
+            }
+            Prompt::Ids(ids) => {
+                if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
+                    return Err(ApiError::bad(
+                        "prompt",
+                        format!("token id {id} is outside the vocabulary of {}", r.vocab),
+                    ));
+                }
+                (ids.clone(), r.tok.decode(ids))
+            }
+        };
+        if ids.is_empty() {
+            ids.push(r.eos); // an empty prompt starts from <|endoftext|>, as `kvgpt generate` does
+        }
+        let max_tokens = context(&params, ep, ids.len(), r.n_positions)?;
+        for j in 0..params.n {
+            reqs.push(Request {
+                prompt: ids.clone(),
+                max_new_tokens: max_tokens,
+                // Choice `j` samples with seed `seed + j`, so choices differ and each is reproducible.
+                sampling: kvgpt::Sampling { seed: params.sampling.seed.wrapping_add(j as u64), ..params.sampling },
+                stop_at_eos: !params.ignore_eos,
+                logprobs: params.logprobs,
+            });
+        }
+        prompt_ids.push(ids);
+        prompt_texts.push(text);
+    }
+    let now = Instant::now();
+    let seqs = r.engine.submit_all(reqs).map_err(|e| match e {
+        SubmitError::Busy { .. } => {
+            let mut err = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "queue_full", e.to_string());
+            err.retry_after = Some(1);
+            err
+        }
+        SubmitError::Invalid(e) => ApiError::bad("", e.to_string()),
+        SubmitError::Stopped => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the engine has stopped")
+        }
+    })?;
+    let id = format!("{}-{}-{}", ep.id_prefix(), app.started, app.next_id.fetch_add(1, Ordering::Relaxed));
+    Ok(Job { ep, id, params, prompt_ids, prompt_texts, seqs, started: now })
+}
+
+/// The completion tokens of a prompt of `len` tokens, by OpenAI's rule: stricter by one than
+/// `generate`'s (which does not count the last token, never fed), prompt + max_tokens ≤ the
+/// context length, as OpenAI clients expect.
+fn context(params: &Params, ep: Endpoint, len: usize, n_positions: usize) -> ApiResult<usize> {
+    let room = n_positions.saturating_sub(len);
+    let max_tokens = params.max_tokens.unwrap_or(ep.default_max_tokens(room));
+    if max_tokens == 0 || len + max_tokens > n_positions {
+        let param = if params.max_tokens.is_some() && len < n_positions { "max_tokens" } else { "prompt" };
+        return Err(ApiError::bad(
+            param,
+            format!(
+                "this model's maximum context length is {n_positions} tokens, but {len} prompt tokens + {max_tokens} \
+                 completion tokens were asked for; shorten the prompt or lower max_tokens to at most {room}"
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    Ok(max_tokens)
+}

@@ -1,0 +1,85 @@
+//! The one way in: [`EngineHandle::submit`] checks a request, owns the queue limit and returns
+//! the sequence's event stream; [`EngineHandle::cancel`] ends one early, saying why.
+
+use super::request::{CancelReason, Events, Request, SeqId, SubmitError};
+use super::slot::Waiting;
+use super::Command;
+use crate::error::Error;
+use crate::model::Model;
+use crate::sequence::check_context;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+use tokio::sync::mpsc::unbounded_channel;
+
+/// A front end's handle on a running engine (cheap to clone; the engine ends when every handle
+/// is gone and its work is done).
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(super) tx: mpsc::Sender<Command>,
+    pub(super) model: Arc<Model>,
+    pub(super) queued: Arc<AtomicUsize>,
+    pub(super) max_queue: usize,
+    pub(super) next_id: Arc<AtomicU64>,
+}
+
+impl EngineHandle {
+    /// Submits one sequence: its events, or why it cannot run.
+    pub fn submit(&self, req: Request) -> Result<Events, SubmitError> {
+        Ok(self.submit_all(vec![req])?.remove(0))
+    }
+
+    /// Submits sequences that belong together (the choices and prompts of one request): all are
+    /// queued, or none is.
+    pub fn submit_all(&self, reqs: Vec<Request>) -> Result<Vec<Events>, SubmitError> {
+        for r in &reqs {
+            self.check(r)?;
+        }
+        let n = reqs.len();
+        let before = self.queued.fetch_add(n, Ordering::Relaxed);
+        if before + n > self.max_queue {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return Err(SubmitError::Busy { waiting: before, limit: self.max_queue });
+        }
+        let submitted = Instant::now();
+        let mut out = Vec::with_capacity(n);
+        for req in reqs {
+            let id: SeqId = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let (events, rx) = unbounded_channel();
+            if self.tx.send(Command::Submit(Waiting { id, req, events, submitted })).is_err() {
+                self.queued.fetch_sub(n - out.len(), Ordering::Relaxed);
+                return Err(SubmitError::Stopped);
+            }
+            out.push(Events { id, rx });
+        }
+        Ok(out)
+    }
+
+    /// Ends sequence `id` early: a stop sequence finishes it as a stop, a client that left
+    /// cancels it. Nothing happens if it has already ended.
+    pub fn cancel(&self, id: SeqId, reason: CancelReason) {
+        let _ = self.tx.send(Command::Cancel(id, reason));
+    }
+
+    /// Asks the engine to finish what it has and then stop.
+    pub fn drain(&self) {
+        let _ = self.tx.send(Command::Drain);
+    }
+
+    /// Sequences submitted and not yet admitted.
+    pub fn waiting(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    fn check(&self, r: &Request) -> Result<(), Error> {
+        let vocab = self.model.config.vocab_size;
+        if r.prompt.is_empty() {
+            return Err(Error::Invalid("the prompt has no tokens".into()));
+        }
+        if let Some(&id) = r.prompt.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::BadTokenId { id, vocab });
+        }
+        r.sampling.check().map_err(|e| Error::Invalid(e.to_string()))?;
+        check_context(&self.model, r.prompt.len(), r.max_new_tokens)
+    }
+}

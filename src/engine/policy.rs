@@ -1,0 +1,181 @@
+//! The scheduling policy: a pure function from what is running, what waits and what the prompt
+//! cache holds to a [`Plan`] for one step. It decides; the runner executes.
+//!
+//! The rules, in order:
+//! 1. Admit waiting sequences, oldest first, while a slot is free.
+//! 2. Start each admitted sequence from the longest prefix the prompt cache holds *now*, unless an
+//!    earlier sequence that has not produced its first token shares more of its prompt than the
+//!    cache holds: then it waits for that prompt to enter the cache rather than compute the same
+//!    prefix twice (the earliest always goes).
+//! 3. Rows: one for every sequence with one pending token (decoding, or a full cache hit), then
+//!    prompt chunks in admission order under the token budget, so a long new prompt never
+//!    stalls the streams that are already decoding.
+
+use super::request::SeqId;
+
+/// Where a sequence in a slot is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Has a slot; waits to be started from the prompt cache.
+    Admitted,
+    /// Its prompt is being computed.
+    Prefilling,
+    /// Has produced its first token; one row per step.
+    Decoding,
+}
+
+/// What the policy sees of a sequence in a slot (or waiting for one).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotView<'a> {
+    pub id: SeqId,
+    pub phase: Phase,
+    pub prompt: &'a [u32],
+    /// Tokens not yet fed (for an admitted sequence: its whole prompt).
+    pub pending: usize,
+}
+
+/// The limits the policy works within.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Sequences running at once.
+    pub parallel: usize,
+    /// Rows per forward step.
+    pub batch_tokens: usize,
+    /// Whether there is a prompt cache to wait for (rule 2).
+    pub prefix_cache: bool,
+}
+
+/// One step's decisions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// How many waiting sequences take a slot (from the front of the queue).
+    pub admit: usize,
+    /// Sequences to start, each with the prompt-cache length it starts from.
+    pub start: Vec<(SeqId, usize)>,
+    /// Rows each sequence feeds in this step's forward, in slot order (absent: none).
+    pub rows: Vec<(SeqId, usize)>,
+}
+
+/// Plans one step. `cached(prompt)` is how many of a prompt's tokens the prompt cache would
+/// give now.
+pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> usize, limits: Limits) -> Plan {
+    let admit = waiting.len().min(limits.parallel.saturating_sub(running.len()));
+    let mut slots: Vec<SlotView> = running.iter().chain(&waiting[..admit]).copied().collect();
+    let mut start = vec![];
+    for i in 0..slots.len() {
+        if slots[i].phase != Phase::Admitted {
+            continue;
+        }
+        let prompt = slots[i].prompt;
+        let cap = prompt.len().saturating_sub(1);
+        let have = cached(prompt);
+        let ahead = slots[..i]
+            .iter()
+            .filter(|q| q.phase != Phase::Decoding)
+            .map(|q| q.prompt.iter().zip(prompt).take_while(|(a, b)| a == b).count().min(cap))
+            .max()
+            .unwrap_or(0);
+        if limits.prefix_cache && ahead > have {
+            continue; // waits for the earlier one's prompt
+        }
+        start.push((slots[i].id, have));
+        slots[i].phase = Phase::Prefilling;
+        slots[i].pending = prompt.len() - have;
+    }
+    let started = |s: &SlotView| s.phase != Phase::Admitted;
+    let mut budget = limits.batch_tokens.max(1);
+    let mut rows = vec![0; slots.len()];
+    for (r, _) in rows.iter_mut().zip(&slots).filter(|(_, s)| started(s) && s.pending == 1) {
+        *r = 1;
+        budget = budget.saturating_sub(1);
+    }
+    for (r, s) in rows.iter_mut().zip(&slots).filter(|(_, s)| started(s) && s.pending > 1) {
+        *r = budget.min(s.pending);
+        budget -= *r;
+    }
+    let rows = slots.iter().zip(rows).filter(|(_, n)| *n > 0).map(|(s, n)| (s.id, n)).collect();
+    Plan { admit, start, rows }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: SeqId, phase: Phase, prompt: &[u32], pending: usize) -> SlotView<'_> {
+        SlotView { id, phase, prompt, pending }
+    }
+
+    const LIMITS: Limits = Limits { parallel: 4, batch_tokens: 16, prefix_cache: true };
+    fn none(_: &[u32]) -> usize {
+        0
+    }
+
+    #[test]
+    fn admits_the_oldest_while_slots_are_free() {
+        let (a, b, c) = ([1, 2, 3], [4, 5], [6]);
+        let running = [view(1, Phase::Decoding, &a, 1), view(2, Phase::Decoding, &b, 1)];
+        let waiting =
+            [view(3, Phase::Admitted, &c, 1), view(4, Phase::Admitted, &c, 1), view(5, Phase::Admitted, &c, 1)];
+        let p = plan(&running, &waiting, &none, LIMITS);
+        assert_eq!(p.admit, 2, "two free slots of four");
+        assert_eq!(p.start.iter().map(|s| s.0).collect::<Vec<_>>(), [3, 4], "admitted ones start in the same step");
+        let full = plan(&[running[0], running[1], running[0], running[1]], &waiting, &none, LIMITS);
+        assert_eq!(full.admit, 0);
+    }
+
+    #[test]
+    fn decode_rows_first_then_prompt_chunks_in_admission_order_under_the_budget() {
+        let long = [7u32; 40];
+        let running = [
+            view(1, Phase::Prefilling, &long, 30),
+            view(2, Phase::Decoding, &long, 1),
+            view(3, Phase::Prefilling, &long, 10),
+            view(4, Phase::Decoding, &long, 1),
+        ];
+        let p = plan(&running, &[], &none, Limits { batch_tokens: 16, ..LIMITS });
+        assert_eq!(p.rows, [(1, 14), (2, 1), (4, 1)], "decodes take 2 of 16; the first prompt the other 14");
+        let p = plan(&running, &[], &none, Limits { batch_tokens: 64, ..LIMITS });
+        assert_eq!(p.rows, [(1, 30), (2, 1), (3, 10), (4, 1)]);
+        // Decoding rows are never dropped, even past the budget.
+        let p = plan(&running, &[], &none, Limits { batch_tokens: 1, ..LIMITS });
+        assert_eq!(p.rows, [(2, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn a_started_sequence_feeds_what_the_cache_did_not_give() {
+        let prompt = [1u32, 2, 3, 4, 5, 6];
+        let waiting = [view(9, Phase::Admitted, &prompt, 6)];
+        let p = plan(&[], &waiting, &|ids: &[u32]| ids.len() - 2, LIMITS);
+        assert_eq!(p.start, [(9, 4)]);
+        assert_eq!(p.rows, [(9, 2)]);
+        // A full hit (all but the last token) feeds one row, like a decode.
+        let p = plan(&[], &waiting, &|ids: &[u32]| ids.len() - 1, Limits { batch_tokens: 1, ..LIMITS });
+        assert_eq!(p.rows, [(9, 1)]);
+    }
+
+    #[test]
+    fn a_shared_prefix_is_computed_once() {
+        let shared: Vec<u32> = (0..10).chain([100]).collect();
+        let other: Vec<u32> = (0..10).chain([200]).collect();
+        let unrelated = [50u32, 51, 52];
+        let waiting = [
+            view(1, Phase::Admitted, &shared, 11),
+            view(2, Phase::Admitted, &other, 11),
+            view(3, Phase::Admitted, &unrelated, 3),
+        ];
+        let p = plan(&[], &waiting, &none, LIMITS);
+        assert_eq!(p.admit, 3);
+        assert_eq!(p.start, [(1, 0), (3, 0)], "the second waits for the first's 10 shared tokens");
+        assert_eq!(p.rows, [(1, 11), (3, 3)]);
+        // Once the cache holds them, it starts from there.
+        let running = [view(1, Phase::Decoding, &shared, 1), view(2, Phase::Admitted, &other, 11)];
+        let p = plan(&running, &[], &|ids: &[u32]| if ids == &other[..] { 10 } else { 0 }, LIMITS);
+        assert_eq!(p.start, [(2, 10)]);
+        // Without a prompt cache there is nothing to wait for.
+        let p = plan(&[], &waiting, &none, Limits { prefix_cache: false, ..LIMITS });
+        assert_eq!(p.start.len(), 3);
+        // A sequence still prefilling holds the next one back as well.
+        let running = [view(1, Phase::Prefilling, &shared, 5), view(2, Phase::Admitted, &other, 11)];
+        assert_eq!(plan(&running, &[], &|_: &[u32]| 4, LIMITS).start, []);
+    }
+}

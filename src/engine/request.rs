@@ -1,0 +1,135 @@
+//! What goes into the engine and what comes out: a [`Request`] per sequence, a stream of
+//! [`Event`]s back, and how a sequence ended.
+
+use crate::error::Error;
+use crate::generate::FinishReason;
+use crate::logprobs::TokenLogprob;
+use crate::sampler::Sampling;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// A sequence's number, unique within one engine.
+pub type SeqId = u64;
+
+/// One sequence to generate.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    pub stop_at_eos: bool,
+    /// Report each token's log-probability and this many alternatives (None: no logprobs).
+    pub logprobs: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Prefill finished: how much of the prompt came from the prompt cache.
+    Started {
+        cached_tokens: usize,
+        queue: Duration,
+        prompt_time: Duration,
+    },
+    Token {
+        id: u32,
+        logprob: Option<TokenLogprob>,
+    },
+    Done {
+        finish: FinishReason,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// What a finished sequence cost (llama.cpp's `timings` names: `cache_n` / `prompt_n`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose K/V came from the prompt cache (`cache_n`).
+    pub cached_tokens: usize,
+    /// Prompt tokens computed (`prompt_n` = prompt_tokens - cached_tokens).
+    pub prompt_computed: usize,
+    pub completion_tokens: usize,
+    /// Submission to admission.
+    pub queue: Duration,
+    /// Admission to the first token: restoring the cached prefix and computing the rest.
+    pub prompt_time: Duration,
+    /// First token to the last.
+    pub decode_time: Duration,
+}
+
+/// Why a front end ends a sequence early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The text reached a stop sequence after this many generated tokens: a normal finish.
+    Stop { tokens: usize },
+    /// Nobody wants the answer any more.
+    Client,
+}
+
+/// How a sequence left the engine, as the metrics count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Finished(FinishReason),
+    Cancelled,
+    Failed,
+}
+
+impl Ending {
+    /// The metrics label: `eos`, `length`, `stop`, `cancelled` or `error`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Ending::Finished(FinishReason::Eos) => "eos",
+            Ending::Finished(FinishReason::Length) => "length",
+            Ending::Finished(FinishReason::Stop) => "stop",
+            Ending::Cancelled => "cancelled",
+            Ending::Failed => "error",
+        }
+    }
+
+    pub const ALL: [Ending; 5] = [
+        Ending::Finished(FinishReason::Eos),
+        Ending::Finished(FinishReason::Length),
+        Ending::Finished(FinishReason::Stop),
+        Ending::Cancelled,
+        Ending::Failed,
+    ];
+}
+
+/// Why a submission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The queue holds `waiting` sequences and `limit` at most: retry shortly.
+    #[error("the server is busy: {waiting} sequences are waiting (limit {limit}); retry shortly")]
+    Busy { waiting: usize, limit: usize },
+    /// The request can never run (its prompt or length does not fit the model).
+    #[error(transparent)]
+    Invalid(#[from] Error),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// The events of one submitted sequence. Dropping it cancels the sequence.
+pub struct Events {
+    pub id: SeqId,
+    pub(super) rx: UnboundedReceiver<Event>,
+}
+
+impl Events {
+    /// The next event (None once the engine has let go of the sequence).
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// The next event, waiting on this thread (not from inside an async runtime).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+}
+
+impl Iterator for Events {
+    type Item = Event;
+    fn next(&mut self) -> Option<Event> {
+        self.blocking_recv()
+    }
+}

@@ -1,0 +1,58 @@
+//! The runner: executes a plan's rows as one batched forward, then samples every sequence that
+//! got its logits (with its log-probabilities when asked). It decides nothing.
+
+use super::request::SeqId;
+use super::slot::Slot;
+use crate::error::Result;
+use crate::logprobs::{token_logprob, TokenLogprob};
+use crate::model::{Model, Scratch};
+use std::sync::Arc;
+
+/// A token a step produced for the sequence in slot `slot`.
+pub(super) struct Output {
+    pub slot: usize,
+    pub token: u32,
+    pub logprob: Option<TokenLogprob>,
+}
+
+pub(super) struct Runner {
+    pub model: Arc<Model>,
+    scratch: Scratch,
+}
+
+impl Runner {
+    pub fn new(model: Arc<Model>, rows: usize) -> Runner {
+        let scratch = Scratch::new(&model.config, rows.max(1));
+        Runner { model, scratch }
+    }
+
+    /// Feeds `rows` (sequence, rows; in slot order) in one forward, then samples the next token
+    /// of each sequence that fed its last pending token.
+    pub fn execute(&mut self, slots: &mut [Slot], rows: &[(SeqId, usize)]) -> Result<Vec<Output>> {
+        let mut plan = rows.iter().peekable();
+        let mut batch = Vec::with_capacity(rows.len());
+        let mut fed = Vec::with_capacity(rows.len());
+        for (i, s) in slots.iter_mut().enumerate() {
+            if let Some(&(_, n)) = plan.next_if(|(id, _)| *id == s.id) {
+                fed.push(i);
+                batch.push(s.seq.rows(n));
+            }
+        }
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        self.model.forward_batch(&mut batch, &mut self.scratch)?;
+        drop(batch);
+        let mut out = vec![];
+        for i in fed {
+            let s = &mut slots[i];
+            if s.seq.pending() > 0 {
+                continue; // still prefilling
+            }
+            let token = s.seq.sample();
+            let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.logits(), token, k));
+            out.push(Output { slot: i, token, logprob });
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,91 @@
+//! A sequence in the engine: its [`Sequence`], what was asked of it, where it is, where its
+//! events go and the times its usage reports.
+
+use super::policy::{Phase, SlotView};
+use super::request::{Event, Request, SeqId, Usage};
+use crate::prefix_cache::Hold;
+use crate::sequence::Sequence;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A submitted sequence waiting for a slot.
+pub(super) struct Waiting {
+    pub id: SeqId,
+    pub req: Request,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+impl Waiting {
+    pub fn view(&self) -> SlotView<'_> {
+        SlotView { id: self.id, phase: Phase::Admitted, prompt: &self.req.prompt, pending: self.req.prompt.len() }
+    }
+
+    pub fn gone(&self) -> bool {
+        self.events.is_closed()
+    }
+}
+
+/// A sequence that holds a slot.
+pub(super) struct Slot {
+    pub id: SeqId,
+    pub seq: Sequence,
+    pub req: Request,
+    pub phase: Phase,
+    pub events: UnboundedSender<Event>,
+    /// The prompt-cache prefix it started from, held until it finishes.
+    pub hold: Option<Hold>,
+    pub cached: usize,
+    pub submitted: Instant,
+    pub admitted: Instant,
+    pub first_token: Option<Instant>,
+    pub last_token: Instant,
+}
+
+impl Slot {
+    pub fn new(w: Waiting, seq: Sequence) -> Slot {
+        let now = Instant::now();
+        Slot {
+            id: w.id,
+            seq,
+            req: w.req,
+            phase: Phase::Admitted,
+            events: w.events,
+            hold: None,
+            cached: 0,
+            submitted: w.submitted,
+            admitted: now,
+            first_token: None,
+            last_token: now,
+        }
+    }
+
+    pub fn view(&self) -> SlotView<'_> {
+        SlotView { id: self.id, phase: self.phase, prompt: self.seq.prompt(), pending: self.seq.pending() }
+    }
+
+    pub fn gone(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Sends an event; a receiver that has gone is noticed at the next step.
+    pub fn send(&self, e: Event) {
+        let _ = self.events.send(e);
+    }
+
+    /// The usage so far (at most `completion` generated tokens counted).
+    pub fn usage(&self, completion: usize) -> Usage {
+        let now = Instant::now();
+        let first = self.first_token.unwrap_or(now);
+        let prompt = self.seq.prompt().len();
+        Usage {
+            prompt_tokens: prompt,
+            cached_tokens: self.cached,
+            prompt_computed: prompt - self.cached,
+            completion_tokens: self.seq.generated().len().min(completion),
+            queue: self.admitted - self.submitted,
+            prompt_time: first - self.admitted,
+            decode_time: now - first,
+        }
+    }
+}

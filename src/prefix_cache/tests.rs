@@ -1,0 +1,144 @@
+//! The radix tree on its own: K/V made up per token (K = [id, position], V = [-id, position]),
+//! so every restored value says which token and position it came from.
+
+use super::*;
+use crate::config::Config;
+
+const PER_TOKEN: usize = 20; // 2 parts × 2 floats × 4 bytes of K/V + 4 bytes of token id
+
+fn cfg() -> Config {
+    Config {
+        n_layer: 1,
+        n_head: 1,
+        n_embd: 2,
+        n_positions: 64,
+        n_inner: 8,
+        vocab_size: 100,
+        layer_norm_epsilon: 1e-5,
+        scale_attn_weights: true,
+        scale_attn_by_inverse_layer_idx: false,
+        bos_token_id: 0,
+        eos_token_id: 0,
+    }
+}
+
+/// A cache holding `ids` at positions 0.., with the made-up K/V.
+fn cache_of(ids: &[u32]) -> KvCache {
+    let n = ids.len();
+    let mut data = vec![];
+    for sign in [1.0, -1.0] {
+        for (p, &id) in ids.iter().enumerate() {
+            data.extend([sign * id as f32, p as f32]);
+        }
+    }
+    let span = KvSpan { len: n, n_layer: 1, n_head: 1, head_dim: 2, data };
+    let mut cache = KvCache::with_capacity(&cfg(), 64);
+    cache.append_span(&span, 0, n).unwrap();
+    cache
+}
+
+fn insert(c: &mut PrefixCache, ids: &[u32]) {
+    c.insert(ids, &cache_of(ids));
+}
+
+/// Looks `ids` up and returns the matched length, checking that the spans hold exactly the
+/// K/V of `ids[..len]` at their positions; releases the hold.
+fn hit(c: &mut PrefixCache, ids: &[u32]) -> usize {
+    let l = c.lookup(ids);
+    let mut restored = KvCache::with_capacity(&cfg(), 64);
+    for s in &l.spans {
+        restored.append_span(s, 0, s.len).unwrap();
+    }
+    assert_eq!(restored.len(), l.len, "the spans cover the matched length");
+    let want = cache_of(&ids[..l.len]);
+    for part in [crate::KvPart::K, crate::KvPart::V] {
+        assert_eq!(restored.gather(0, part), want.gather(0, part), "K/V of the matched tokens at their positions");
+    }
+    let (len, hold) = (l.len, l.hold);
+    c.release(hold);
+    len
+}
+
+#[test]
+fn reuse_stops_at_the_first_differing_token_and_before_the_last() {
+    let mut c = PrefixCache::new(1 << 20);
+    insert(&mut c, &[1, 2, 3, 4, 5, 6]);
+    assert_eq!(hit(&mut c, &[1, 2, 3, 9, 5, 6]), 3, "stops at the first differing token");
+    assert_eq!(hit(&mut c, &[1, 2, 3, 4, 5, 6]), 5, "a full match leaves the last token to compute");
+    assert_eq!(hit(&mut c, &[1, 2, 3, 4, 5, 6, 7, 8]), 6, "a longer prompt takes all that is cached");
+    assert_eq!(hit(&mut c, &[2, 3]), 0, "only prefixes: the same tokens at other positions are not reused");
+    assert_eq!(c.peek(&[1, 2, 7]), 2);
+    assert_eq!((c.stats.lookups, c.stats.hits), (4, 3));
+}
+
+#[test]
+fn an_edge_split_reparents_its_children_and_keeps_every_span() {
+    let mut c = PrefixCache::new(1 << 20);
+    insert(&mut c, &[1, 2, 3, 4, 5, 6]);
+    insert(&mut c, &[1, 2, 3, 4, 8, 9]); // splits [1..6] after 4
+    insert(&mut c, &[1, 2, 7]); // splits [1, 2, 3, 4] after 2, above the first split's children
+    assert_eq!(c.tokens(), 4 + 2 + 2 + 1, "[1,2] [3,4] [5,6] [8,9] [7]");
+    assert_eq!(c.bytes(), c.tokens() * PER_TOKEN);
+    for (ids, want) in [
+        (&[1, 2, 3, 4, 5, 6, 0][..], 6),
+        (&[1, 2, 3, 4, 8, 9, 0], 6),
+        (&[1, 2, 7, 0], 3),
+        (&[1, 2, 3, 0], 3),
+        (&[1, 2, 3, 4, 8, 0], 5),
+    ] {
+        assert_eq!(hit(&mut c, ids), want, "{ids:?}");
+    }
+    // Every node's parent lists it as a child, and depth adds up along the path.
+    for (i, n) in c.nodes.iter().enumerate().skip(1).filter(|(_, n)| n.alive) {
+        assert!(c.nodes[n.parent].children.contains(&i), "node {i} is its parent's child");
+        assert_eq!(n.depth, c.nodes[n.parent].depth + c.nodes[n.parent].tokens.len());
+    }
+}
+
+#[test]
+fn eviction_takes_the_least_recently_used_leaf_first() {
+    let (a, b, d) = (&[1, 2, 3][..], &[4, 5, 6][..], &[7, 8, 9][..]);
+    let mut c = PrefixCache::new(3 * 3 * PER_TOKEN);
+    insert(&mut c, a);
+    insert(&mut c, b);
+    insert(&mut c, d);
+    assert_eq!(c.bytes(), 9 * PER_TOKEN);
+    assert_eq!(hit(&mut c, &[1, 2, 3, 0]), 3); // a is now the most recently used
+    c.evict_to(2 * 3 * PER_TOKEN);
+    assert_eq!((c.peek(&[4, 5, 6, 0]), c.peek(&[1, 2, 3, 0]), c.peek(&[7, 8, 9, 0])), (0, 3, 3), "b went first");
+    c.evict_to(3 * PER_TOKEN);
+    assert_eq!((c.peek(&[1, 2, 3, 0]), c.peek(&[7, 8, 9, 0])), (3, 0), "then d");
+    assert_eq!(c.stats.evicted_nodes, 2);
+    // A leaf goes before its parent: after [1, 2, 3] splits, the [3] tail is the leaf.
+    insert(&mut c, &[1, 2, 5]);
+    c.evict_to(0);
+    assert_eq!((c.bytes(), c.tokens()), (0, 0));
+}
+
+#[test]
+fn a_held_prefix_survives_pressure_until_released() {
+    let mut c = PrefixCache::new(1 << 20);
+    insert(&mut c, &[1, 2, 3, 4, 5, 6]);
+    insert(&mut c, &[9, 9, 9]);
+    let held = c.lookup(&[1, 2, 3, 4, 0]); // ends inside the edge: it splits at 4
+    assert_eq!(held.len, 4);
+    let hold = held.hold;
+    // A later split inside the held part gives both halves the hold.
+    insert(&mut c, &[1, 2, 8]);
+    c.evict_to(0);
+    assert_eq!(c.peek(&[1, 2, 3, 4, 0]), 4, "the held path is kept");
+    assert_eq!(c.peek(&[1, 2, 3, 4, 5, 6, 0]), 4, "its unheld tail [5, 6] is not");
+    assert_eq!(c.peek(&[9, 9, 9, 0]), 0);
+    assert_eq!(c.peek(&[1, 2, 8, 0]), 2, "nor the [8] leaf");
+    assert_eq!(c.bytes(), 4 * PER_TOKEN);
+    c.release(hold);
+    c.evict_to(0);
+    assert_eq!((c.bytes(), c.tokens()), (0, 0), "released, everything can go");
+}
+
+#[test]
+fn an_entry_over_the_budget_is_not_kept() {
+    let mut c = PrefixCache::new(3 * PER_TOKEN);
+    insert(&mut c, &[1, 2, 3, 4]);
+    assert_eq!((c.bytes(), c.stats.evicted_nodes, c.stats.inserted_tokens), (0, 1, 4));
+}
