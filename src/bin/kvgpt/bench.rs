@@ -1,6 +1,6 @@
 //! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached.
 
-use crate::{load, print_json, ModelArgs, Outcome};
+use crate::common::{load, print_json, ModelArgs, Outcome};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use kvgpt::bench::{mean_sd, peak_rss_bytes, percentile, probe_read_bandwidth, BenchSpec, Row, Test};

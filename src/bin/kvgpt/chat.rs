@@ -5,7 +5,7 @@
 //! next line; the answer is the model's text up to the end of its line. Each turn's text is
 //! tokenized on its own and appended to the conversation's ids.
 
-use crate::{load, ModelArgs, Outcome};
+use crate::common::{load, ModelArgs, Outcome};
 use anyhow::{Context, Result};
 use clap::Args;
 use kvgpt::chat::{Chat, Ended};
@@ -110,7 +110,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             }
             ("/save", file) => {
                 let path = PathBuf::from(file);
-                crate::refuse_input_path(&path, &loaded.files, None)?;
+                crate::common::refuse_input_path(&path, &loaded.files, None)?;
                 match chat.save(model, &path) {
                     Ok(()) => outln!("(saved {} tokens and their K/V to {file})", chat.ids().len()),
                     Err(e) => errln!("error: {e}"),

@@ -1,6 +1,6 @@
 //! `kvgpt generate` and `kvgpt tokenize`.
 
-use crate::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
+use crate::common::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::stop::TextStream;
@@ -185,7 +185,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let mut seq = Sequence::new(model, &ids, opts.max_new_tokens, opts.sampling)?;
     let mut saved_ids = None;
     if let Some(file) = &a.prompt_cache {
-        crate::refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
+        crate::common::refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
         if file.exists() {
             let saved = prompt_file::load(file, model)?;
             let reuse = prompt_file::reusable(&saved, &ids);

@@ -1,6 +1,6 @@
 //! `kvgpt info`: what a model is, without running it.
 
-use crate::{locate, print_json, ModelArgs, Outcome};
+use crate::common::{locate, print_json, ModelArgs, Outcome};
 use anyhow::Result;
 use clap::Args;
 
@@ -15,7 +15,7 @@ pub struct InfoArgs {
 
 pub fn run(a: &InfoArgs) -> Result<Outcome> {
     let mut info = kvgpt::info::describe(&locate(&a.model)?)?;
-    if let Some(isa) = crate::chosen_isa(&a.model)? {
+    if let Some(isa) = crate::common::chosen_isa(&a.model)? {
         info.kernels.isa = isa.name();
     }
     if a.json {

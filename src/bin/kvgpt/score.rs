@@ -1,6 +1,6 @@
 //! `kvgpt score`: per-token surprisal and rank, mean loss and perplexity.
 
-use crate::{load, print_json, read_prompt, ModelArgs, Outcome, PromptArgs};
+use crate::common::{load, print_json, read_prompt, ModelArgs, Outcome, PromptArgs};
 use anyhow::Result;
 use clap::Args;
 use serde::Serialize;

@@ -1,6 +1,7 @@
 //! `kvgpt verify cache` and `kvgpt verify reference`.
 
-use crate::{load, print_json, prompt_ids, read_prompt, Input as Common, ModelArgs, Outcome};
+use crate::common::Input as Common;
+use crate::common::{load, print_json, prompt_ids, read_prompt, ModelArgs, Outcome};
 use anyhow::Result;
 use clap::Subcommand;
 use kvgpt::verify::{against_reference, cache_vs_recompute, Comparison};

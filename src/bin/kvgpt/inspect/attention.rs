@@ -2,11 +2,20 @@
 //! fitted to the terminal's width, JSON, an SVG picture and an HTML viewer — one set of grids
 //! drawn in each format.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::{do_export, write_text, Common, Select, Session};
+use crate::common::print_json;
+use crate::render;
 use crate::render::html::Viewer;
 use crate::render::term::{self, Colors};
 use crate::render::{Grid, Tick};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use kvgpt::export::Named;
+use kvgpt::inspect::{trace, TraceSpec};
+use kvgpt::Point;
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
 
 /// When the terminal heatmap is coloured.
 #[derive(clap::ValueEnum, Clone, Copy, PartialEq, Eq, Debug)]

@@ -1,8 +1,13 @@
 //! `inspect cache`: the KV cache per layer, and what each decode step reads and computes.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::{do_export, Common, Session};
+use crate::common::print_json;
+use anyhow::Result;
+use kvgpt::export::Named;
+use kvgpt::inspect::{trace, TraceSpec};
 use kvgpt::KvCache;
+use kvgpt::KvPart;
+use serde::Serialize;
 
 pub(super) fn cache(c: &Common, generate: usize) -> Result<()> {
     let s = Session::open(c)?;

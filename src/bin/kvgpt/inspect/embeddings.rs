@@ -1,7 +1,12 @@
 //! `inspect embeddings`: wte and wpe rows and their sum per position.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::{do_export, Common, Session};
+use crate::common::print_json;
+use anyhow::{Context, Result};
+use kvgpt::export::Named;
+use kvgpt::inspect::{trace, TraceSpec};
+use kvgpt::Point;
+use serde::Serialize;
 
 pub(super) fn norm(v: &[f32]) -> f64 {
     v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt()

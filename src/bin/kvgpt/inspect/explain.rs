@@ -1,7 +1,20 @@
 //! `kvgpt explain`: one forward pass and one cached decode step as a short lesson.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::Session;
+use crate::common::{load, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use anyhow::{Context, Result};
+use clap::Args;
+use kvgpt::inspect::{trace, Trace, TraceSpec};
+use kvgpt::logprobs::top_k;
+use kvgpt::Point;
+
+#[derive(Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
 
 pub(super) fn first(v: &[f32], n: usize) -> String {
     let parts: Vec<String> = v.iter().take(n).map(|x| format!("{x:.4}")).collect();

@@ -1,7 +1,15 @@
 //! `inspect logits`: next-token distributions, the prompt's actual next token, the logit lens.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::{do_export, Common, Session};
+use crate::common::print_json;
+use crate::render;
+use anyhow::{bail, Context, Result};
+use kvgpt::export::Named;
+use kvgpt::inspect::{trace, TraceSpec};
+use kvgpt::logprobs::top_k;
+use kvgpt::Point;
+use serde::Serialize;
+use serde_json::{json, Value};
 
 /// One candidate next token.
 #[derive(Serialize)]

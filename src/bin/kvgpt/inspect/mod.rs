@@ -1,17 +1,10 @@
 //! `kvgpt inspect …` and `kvgpt explain`: the learner's views of the forward pass, with the
 //! engine's real numbers, as text, JSON, heatmaps and exported tensors.
 
-use crate::render;
-use crate::{load, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
-use anyhow::{bail, Context, Result};
-use clap::{Args, Subcommand};
-use kvgpt::export::{self, Named};
-use kvgpt::inspect::{trace, Trace, TraceSpec};
-use kvgpt::logprobs::top_k;
-use kvgpt::{KvPart, Loaded, Point};
-use serde::Serialize;
-use serde_json::{json, Value};
-use std::io::IsTerminal;
+use crate::common::{ModelArgs, Outcome};
+use anyhow::{bail, Result};
+use clap::Subcommand;
+use kvgpt::export;
 use std::path::{Path, PathBuf};
 
 mod attention;
@@ -19,20 +12,16 @@ mod cache;
 mod embeddings;
 mod explain;
 mod logits;
+mod session;
 mod tokens;
-#[allow(unused_imports)]
-use attention::*;
-#[allow(unused_imports)]
-use cache::*;
-#[allow(unused_imports)]
-use embeddings::*;
-pub use explain::explain;
-#[allow(unused_imports)]
-use explain::*;
-#[allow(unused_imports)]
-use logits::*;
-#[allow(unused_imports)]
-use tokens::*;
+
+use attention::{attention, AttentionArgs};
+use cache::cache;
+use embeddings::embeddings;
+pub use explain::{explain, ExplainArgs};
+use logits::logits;
+use session::{check_writable, Common};
+use tokens::tokens;
 
 #[derive(Subcommand)]
 pub enum InspectCmd {
@@ -82,33 +71,6 @@ pub enum InspectCmd {
 }
 
 /// What every inspect command takes.
-#[derive(Args, Clone)]
-pub struct Common {
-    #[command(flatten)]
-    pub io: Input,
-    /// Write the tensors shown to FILE.safetensors (all) or FILE.npy (the main one), for numpy.
-    #[arg(long, value_name = "FILE")]
-    pub export: Option<PathBuf>,
-}
-
-#[derive(Args, Clone)]
-pub struct Select {
-    /// Only this layer (0-based).
-    #[arg(long)]
-    pub layer: Option<usize>,
-    /// Only this head (0-based).
-    #[arg(long)]
-    pub head: Option<usize>,
-}
-
-#[derive(Args)]
-pub struct ExplainArgs {
-    #[command(flatten)]
-    pub prompt: PromptArgs,
-    #[command(flatten)]
-    pub model: ModelArgs,
-}
-
 impl InspectCmd {
     pub fn model_args(&self) -> &ModelArgs {
         &self.common().io.model
@@ -125,50 +87,6 @@ impl InspectCmd {
     }
 }
 
-/// The loaded model, the prompt text and its ids.
-struct Session {
-    loaded: Loaded,
-    ids: Vec<u32>,
-}
-
-impl Session {
-    fn open(c: &Common) -> Result<Session> {
-        let text = read_prompt(&c.io.prompt)?;
-        let loaded = load(&c.io.model)?;
-        let ids = prompt_ids(&loaded, &text)?;
-        Ok(Session { loaded, ids })
-    }
-
-    fn labels(&self, ids: &[u32]) -> Vec<String> {
-        ids.iter().map(|&i| self.loaded.tokenizer.token_label(i)).collect()
-    }
-
-    fn label(&self, id: u32) -> String {
-        self.loaded.tokenizer.token_label(id)
-    }
-}
-
-/// Checks an output path before any work, so a typo does not cost a long run.
-fn check_writable(path: &Path) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !dir.is_dir() {
-        bail!("cannot write {}: the folder {} does not exist", path.display(), dir.display());
-    }
-    Ok(())
-}
-
-fn write_text(path: &Path, text: &str) -> Result<()> {
-    Ok(export::write_atomic(path, text.as_bytes())?)
-}
-
-fn do_export(c: &Common, tensors: &[Named]) -> Result<()> {
-    if let Some(path) = &c.export {
-        let names = export::write(path, tensors)?;
-        errln!("[kvgpt] wrote {} ({})", path.display(), names.join(", "));
-    }
-    Ok(())
-}
-
 pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     let c = cmd.common();
     if let (InspectCmd::Tokens(_), Some(_)) = (&cmd, &c.export) {
@@ -183,10 +101,10 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
         outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
     }
     if !outputs.is_empty() {
-        let files = crate::locate(&c.io.model)?;
+        let files = crate::common::locate(&c.io.model)?;
         for p in outputs {
             check_writable(p)?;
-            crate::refuse_input_path(p, &files, c.io.prompt.prompt_file.as_deref())?;
+            crate::common::refuse_input_path(p, &files, c.io.prompt.prompt_file.as_deref())?;
         }
     }
     match &cmd {

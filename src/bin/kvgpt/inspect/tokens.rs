@@ -1,7 +1,9 @@
 //! `inspect tokens`: ids, pieces, bytes and offsets.
 
-#[allow(unused_imports)]
-use super::*;
+use super::session::{Common, Session};
+use crate::common::print_json;
+use anyhow::Result;
+use serde::Serialize;
 
 /// The prompt's tokens, rendered as the table or as `--json`.
 #[derive(Serialize)]

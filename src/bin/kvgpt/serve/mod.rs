@@ -17,7 +17,7 @@ mod http;
 mod metrics;
 mod responses;
 
-use crate::{load, ModelArgs};
+use crate::common::{load, ModelArgs};
 use anyhow::{Context, Result};
 use axum::body::Body;
 use axum::extract::State;

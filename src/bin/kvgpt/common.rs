@@ -1,0 +1,170 @@
+//! What the commands share: the model, prompt and output flags, and the helpers that load a
+//! model, read a prompt and print JSON.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use kvgpt::{hub, Loaded, Locate};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+
+/// Where the model comes from and how many threads run it.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// A model folder (config.json, model.safetensors, tokenizer.json) or a Hugging Face Hub id.
+    #[arg(long, default_value = hub::DEFAULT_MODEL)]
+    pub model: String,
+    /// Use only the local Hugging Face cache, never the network (also: HF_HUB_OFFLINE=1).
+    #[arg(long)]
+    pub offline: bool,
+    /// Worker threads for the kernels (default: one per core).
+    #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+    /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic); q8
+    /// (int8 weights with an f32 scale per row and 32 columns, f32 activations and arithmetic);
+    /// or w8a8 (int8 weights with a scale per column and 32 rows, times activations quantized to
+    /// int8 per token and 32 values: integer dot products). Both int8 types quantize at load.
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
+    /// The instruction set the kernels use (default: the best this CPU has). Any of them gives
+    /// the same bits; this is for measuring one against another.
+    #[arg(long, value_name = "NAME")]
+    pub isa: Option<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+    Q8,
+    W8a8,
+}
+
+impl Dtype {
+    pub fn weight_type(self) -> kvgpt::WeightType {
+        match self {
+            Dtype::F32 => kvgpt::WeightType::F32,
+            Dtype::F16 => kvgpt::WeightType::F16,
+            Dtype::Bf16 => kvgpt::WeightType::Bf16,
+            Dtype::Q8 => kvgpt::WeightType::Q8,
+            Dtype::W8a8 => kvgpt::WeightType::W8A8,
+        }
+    }
+}
+
+/// The prompt, from the command line, a file or standard input.
+#[derive(Args, Clone)]
+pub struct PromptArgs {
+    /// The prompt text; `-` or nothing reads standard input (one trailing newline is dropped).
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (one trailing newline is dropped).
+    #[arg(long, conflicts_with = "prompt")]
+    pub prompt_file: Option<PathBuf>,
+}
+
+/// A prompt, a model and the output format: what most commands take.
+#[derive(Args, Clone)]
+pub struct Input {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What every command exits with: success, or a check that failed (exit 1 after printing).
+pub enum Outcome {
+    Done,
+    CheckFailed,
+}
+
+/// Runs `f` inside a rayon pool of the requested size (no global state is changed).
+pub fn with_threads<T: Send>(m: &ModelArgs, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = m.threads {
+        b = b.num_threads(n as usize);
+    }
+    b.build().context("could not start the worker threads")?.install(f)
+}
+
+pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {
+    Ok(Locate::from_env(m.offline).resolve(&m.model)?)
+}
+
+/// The instruction set `--isa` names, if it names one; an error if this CPU does not offer it.
+pub fn chosen_isa(m: &ModelArgs) -> Result<Option<kvgpt_kernels::Isa>> {
+    let Some(name) = &m.isa else { return Ok(None) };
+    let isa = kvgpt_kernels::Isa::by_name(name).ok_or_else(|| {
+        let names: Vec<&str> = kvgpt_kernels::Isa::available().iter().map(|i| i.name()).collect();
+        anyhow::anyhow!("--isa {name:?}: this CPU offers {}; pick one of them", names.join(", "))
+    })?;
+    Ok(Some(isa))
+}
+
+pub fn load(m: &ModelArgs) -> Result<Loaded> {
+    let isa = chosen_isa(m)?;
+    let mut loaded = kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?;
+    if let Some(isa) = isa {
+        loaded.model = loaded.model.with_isa(isa);
+    }
+    Ok(loaded)
+}
+
+/// The prompt text from the argument, `--prompt-file` or standard input.
+pub fn read_prompt(p: &PromptArgs) -> Result<String> {
+    let text = match (&p.prompt, &p.prompt_file) {
+        (_, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("could not read the prompt file {}", file.display()))?,
+        (Some(t), None) if t != "-" => return Ok(t.clone()),
+        _ => {
+            if std::io::stdin().is_terminal() {
+                errln!("(reading the prompt from standard input; end it with Ctrl-D)");
+            }
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("could not read the prompt from standard input")?;
+            s
+        }
+    };
+    let text = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    Ok(text.to_string())
+}
+
+/// The prompt's ids; an empty prompt starts from `<|endoftext|>` (the BOS of GPT-2).
+pub fn prompt_ids(loaded: &Loaded, text: &str) -> Result<Vec<u32>> {
+    let mut ids = loaded.tokenizer.encode(text)?;
+    if ids.is_empty() {
+        ids.push(loaded.model.config.bos_token_id);
+    }
+    Ok(ids)
+}
+
+/// Prints a JSON value on stdout.
+pub fn print_json(v: &serde_json::Value) -> Result<()> {
+    crate::out::line(format_args!("{}", serde_json::to_string_pretty(v)?))
+}
+
+/// Refuses an output path that is one of the files the command reads.
+pub fn refuse_input_path(
+    out: &std::path::Path,
+    files: &kvgpt::ModelFiles,
+    prompt_file: Option<&std::path::Path>,
+) -> Result<()> {
+    // A new file cannot be an input; an existing one (or a symlink to one, as in an HF cache
+    // snapshot) is compared by the file it resolves to.
+    let Ok(target) = out.canonicalize() else { return Ok(()) };
+    let mut inputs = vec![files.config.clone(), files.weights.clone()];
+    inputs.extend(files.tokenizer.paths());
+    inputs.extend(prompt_file.map(std::path::Path::to_path_buf));
+    for input in inputs {
+        if input.canonicalize().is_ok_and(|p| p == target) {
+            anyhow::bail!(
+                "{} is one of this command's inputs ({}); choose another output file",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
