@@ -169,6 +169,11 @@ impl KvCache {
         Ok(())
     }
 
+    /// Forgets positions `len..` (the next token goes at position `len`).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// Mutable access to one layer's store, for tests that corrupt a cache on purpose.
     pub fn layer_mut(&mut self, l: usize) -> &mut LayerKv {
         &mut self.layers[l]
