@@ -1,6 +1,8 @@
 //! The `kvgpt` command line: argument parsing, output formats, exit codes, error messages.
 //! Everything numeric lives in the library; this binary only asks and prints.
 
+#![forbid(unsafe_code)]
+
 /// `println!` that returns an error naming standard output instead of panicking on a closed
 /// pipe or a full disk; use inside functions that return `anyhow::Result`.
 macro_rules! outln {
@@ -56,7 +58,7 @@ pub mod out {
 
     /// Fails if standard output was closed (`>&-`): writes to it would vanish without an error.
     pub fn check_open() -> anyhow::Result<()> {
-        if kvgpt_kernels::process::stdout_closed_at_start() {
+        if kvgpt_process::stdout_closed_at_start() {
             anyhow::bail!("standard output is closed; redirect it, e.g. to a file or /dev/null");
         }
         Ok(())
