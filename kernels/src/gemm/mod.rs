@@ -1,13 +1,12 @@
 //! GEMM: `out[T, N] = inp[T, K] @ W + bias`, GPT-2's Conv1D with weights stored `[in, out]`.
 //!
-//! [`matmul`] is the reference, over a plain `[K, N]` matrix (`reference`); [`matmul_packed`] is
+//! [`matmul`] is the definition of the bits, over a plain `[K, N]` matrix; [`matmul_packed`] is
 //! the engine's, over a [`PackedMatrix`], in three layers: `sources` (a panel row widened, as
 //! values or in registers), `tiles` (the register tiles) and `drivers` (how the tiles cover a
 //! task's panels, and the dispatch). It splits the panels between threads; W8A8 goes to
 //! [`crate::int8`].
 
 mod drivers;
-mod reference;
 mod sources;
 mod tiles;
 
@@ -17,29 +16,24 @@ use crate::packed::{PackedMatrix, Storage};
 use crate::par::{SendPtr, PAR_MIN_WORK};
 use drivers::{packed_cols, Call};
 use rayon::prelude::*;
-use reference::matmul_cols;
-
-/// Output columns per parallel task (a multiple of every tile width).
-const PAR_COLS: usize = 64;
 
 /// `out[T, N] = inp[T, K] @ w[K, N] + bias[N]` — GPT-2's Conv1D, weights stored `[in, out]`.
 ///
 /// Each element: `acc = 0; for i in 0..K { acc = fma(inp[t, i], w[i, n], acc) }; out = acc + bias`.
+/// This is that definition and nothing more, the reference the packed matmul is tested against bit
+/// for bit: `f32::mul_add` rounds once, as the FMA instruction does, so it is every instruction
+/// set's result, and `isa` (kept for the signature) changes nothing.
 #[allow(clippy::too_many_arguments)] // llm.c style: outputs first, dimensions last
-pub fn matmul(isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) {
+pub fn matmul(_isa: Isa, out: &mut [f32], inp: &[f32], w: &[f32], bias: &[f32], t: usize, k: usize, n: usize) {
     assert!(out.len() >= t * n && inp.len() >= t * k && w.len() >= k * n && bias.len() >= n);
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let run = |c0: usize, c1: usize| {
-        let p = out_ptr;
-        // SAFETY: tasks get disjoint column ranges [c0, c1) of `out`; `out` holds t*n floats
-        // (asserted above) and outlives every task.
-        unsafe { matmul_cols(isa, p.0, inp, w, bias, t, k, n, c0, c1) }
-    };
-    if t * k * n < PAR_MIN_WORK || rayon::current_num_threads() == 1 || n <= PAR_COLS {
-        run(0, n);
-    } else {
-        let chunks = n.div_ceil(PAR_COLS);
-        (0..chunks).into_par_iter().for_each(|c| run(c * PAR_COLS, ((c + 1) * PAR_COLS).min(n)));
+    for r in 0..t {
+        for c in 0..n {
+            let mut acc = 0.0f32;
+            for i in 0..k {
+                acc = inp[r * k + i].mul_add(w[i * n + c], acc);
+            }
+            out[r * n + c] = acc + bias[c];
+        }
     }
 }
 
