@@ -15,9 +15,18 @@
 //!
 //! `T` rows of `KP` (the reduction padded to whole blocks with zeros), `N` columns in panels of
 //! [`NR`] as [`crate::packed::w8_index`] lays them out.
+//!
+//! Layered on the lanes alone: the dot products are written over [`IntLanes`] (each ISA's
+//! spelling lives in `crate::lanes`), and the GEMM drivers call them; nothing here imports GEMM.
 
+use crate::dispatch::kernels;
+use crate::isa::Isa;
+use crate::lanes::{IntLanes, Lanes};
 use crate::packed::{quantize, quantize_by, scale_of, w8_block_index, w8_index, w8_value, NR, W8, W8_BLOCK};
-use crate::simd::Lanes;
+
+kernels! {
+    [] fn quantize_row(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) = quantize_row_body, quantize_row_body;
+}
 
 /// Room for a matmul's activations quantized to int8 (W8A8 weights only): kept by the caller
 /// and reused, so the per-token path does not allocate once it has grown.
@@ -34,7 +43,7 @@ pub struct QuantizedActs {
 
 impl QuantizedActs {
     /// Quantizes `inp[T, K]` per row and block of 32, padding each row to `kp` with zeros.
-    pub(crate) fn fill(&mut self, isa: crate::Isa, inp: &[f32], t: usize, k: usize, kp: usize) {
+    pub(crate) fn fill(&mut self, isa: Isa, inp: &[f32], t: usize, k: usize, kp: usize) {
         let nb = kp / W8_BLOCK;
         self.q.clear();
         self.q.resize(t * kp, 0);
@@ -45,7 +54,7 @@ impl QuantizedActs {
         for r in 0..t {
             let (q, s, corr) =
                 (&mut self.q[r * kp..][..kp], &mut self.s[r * nb..][..nb], &mut self.corr[r * nb..][..nb]);
-            crate::simd::quantize_row(isa, q, s, corr, &inp[r * k..(r + 1) * k]);
+            quantize_row(isa, q, s, corr, &inp[r * k..(r + 1) * k]);
         }
     }
 }
@@ -138,28 +147,6 @@ pub(crate) unsafe fn cols_portable(j: &Job, p0: usize, p1: usize) {
             tile_portable(j, p, r);
         }
     }
-}
-
-/// Integer dot products over one panel row of 16 i32 lanes, as one ISA spells them.
-pub(crate) trait IntLanes: Copy {
-    /// The f32 lanes the block sums are combined in.
-    type F: Lanes;
-    /// Four activation bytes, broadcast and prepared for [`IntLanes::dot4`].
-    type A: Copy;
-    /// One group of a panel: 16 columns × 4 rows of int8 weights (64 bytes, offset by 128).
-    type W: Copy;
-    /// A register tile of 4 rows × 3 panels at prefill and 4 panels at decode (AVX-512's 32
-    /// registers), or 2 rows × 1 panel and 2 panels (AVX2's 16).
-    const WIDE: bool;
-    unsafe fn prep(a4: i32) -> Self::A;
-    unsafe fn load_w(p: *const u8) -> Self::W;
-    /// The block's starting sums: 0, or `-corr` (the activation block's `-128 Σ qa`) where the
-    /// dot products see the weights' offset.
-    unsafe fn start(corr: i32) -> Self;
-    /// `acc[l] += Σ_{m<4} a[m] · w[4l + m]`, exactly.
-    unsafe fn dot4(acc: Self, a: Self::A, w: Self::W) -> Self;
-    /// The block sums (exact integers) as f32.
-    unsafe fn to_f32(acc: Self) -> Self::F;
 }
 
 /// Rows `r0..r0+R` against the whole panels `p..p+G`.
@@ -260,84 +247,5 @@ unsafe fn rows<L: IntLanes, const R: usize, const G: usize>(j: &Job, p: usize) {
     while r < j.t {
         tile::<L, 1, G>(j, p, r);
         r += 1;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod x86 {
-    use super::IntLanes;
-    use crate::simd::x86::{Y, Z};
-    use std::arch::x86_64::*;
-
-    /// AVX2: `pmaddubsw` multiplies unsigned by signed bytes into saturating i16 pairs, so it
-    /// takes |a| and w·sign(a) (w back from its offset): each pair is at most 2·127·127 < 2¹⁵, nothing saturates, and
-    /// `pmaddwd` by ones sums the pairs into the i32 lanes exactly.
-    #[derive(Clone, Copy)]
-    pub(crate) struct Yi(__m256i, __m256i);
-
-    impl IntLanes for Yi {
-        type F = Y;
-        /// (|a|, a) broadcast.
-        type A = (__m256i, __m256i);
-        type W = (__m256i, __m256i);
-        const WIDE: bool = false;
-        #[inline(always)]
-        unsafe fn start(_corr: i32) -> Yi {
-            Yi(_mm256_setzero_si256(), _mm256_setzero_si256())
-        }
-        #[inline(always)]
-        unsafe fn prep(a4: i32) -> Self::A {
-            let a = _mm256_set1_epi32(a4);
-            (_mm256_abs_epi8(a), a)
-        }
-        #[inline(always)]
-        unsafe fn load_w(p: *const u8) -> Self::W {
-            let off = _mm256_set1_epi8(-128);
-            let w = |p: *const u8| _mm256_xor_si256(_mm256_loadu_si256(p as *const __m256i), off);
-            (w(p), w(p.add(32)))
-        }
-        #[inline(always)]
-        unsafe fn dot4(acc: Yi, (abs, a): Self::A, (w0, w1): Self::W) -> Yi {
-            let ones = _mm256_set1_epi16(1);
-            let d = |w| _mm256_madd_epi16(_mm256_maddubs_epi16(abs, _mm256_sign_epi8(w, a)), ones);
-            Yi(_mm256_add_epi32(acc.0, d(w0)), _mm256_add_epi32(acc.1, d(w1)))
-        }
-        #[inline(always)]
-        unsafe fn to_f32(acc: Yi) -> Y {
-            Y(_mm256_cvtepi32_ps(acc.0), _mm256_cvtepi32_ps(acc.1))
-        }
-    }
-
-    /// AVX-512 VNNI: `vpdpbusd` sums four unsigned × signed byte products into each i32 lane
-    /// without saturating; the weights are stored offset by 128 (unsigned), so the sums start
-    /// from the activation block's `-128 Σ a`.
-    #[derive(Clone, Copy)]
-    pub(crate) struct Zi(__m512i);
-
-    impl IntLanes for Zi {
-        type F = Z;
-        type A = __m512i;
-        type W = __m512i;
-        const WIDE: bool = true;
-        #[inline(always)]
-        unsafe fn start(corr: i32) -> Zi {
-            Zi(_mm512_set1_epi32(-corr))
-        }
-        #[inline(always)]
-        unsafe fn prep(a4: i32) -> __m512i {
-            _mm512_set1_epi32(a4)
-        }
-        #[inline(always)]
-        unsafe fn load_w(p: *const u8) -> __m512i {
-            _mm512_loadu_si512(p as *const __m512i)
-        }
-        #[inline(always)]
-        unsafe fn dot4(acc: Zi, a: __m512i, w: __m512i) -> Zi {
-            Zi(_mm512_dpbusd_epi32(acc.0, w, a))
-        }
-        #[inline(always)]
-        unsafe fn to_f32(acc: Zi) -> Z {
-            Z(_mm512_cvtepi32_ps(acc.0))
-        }
     }
 }

@@ -1,6 +1,8 @@
 //! The `kvgpt` command line: argument parsing, output formats, exit codes, error messages.
 //! Everything numeric lives in the library; this binary only asks and prints.
 
+#![forbid(unsafe_code)]
+
 /// `println!` that returns an error naming standard output instead of panicking on a closed
 /// pipe or a full disk; use inside functions that return `anyhow::Result`.
 macro_rules! outln {

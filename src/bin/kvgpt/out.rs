@@ -26,7 +26,7 @@ pub fn flush() -> anyhow::Result<()> {
 
 /// Fails if standard output was closed (`>&-`): writes to it would vanish without an error.
 pub fn check_open() -> anyhow::Result<()> {
-    if kvgpt_kernels::process::stdout_closed_at_start() {
+    if kvgpt_process::stdout_closed_at_start() {
         anyhow::bail!("standard output is closed; redirect it, e.g. to a file or /dev/null");
     }
     Ok(())

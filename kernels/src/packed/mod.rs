@@ -8,16 +8,21 @@
 //! Arithmetic: an output element is `fma(x[K-1], w[K-1], … fma(x[0], w[0], 0)) + bias`, where
 //! `w` is the stored weight widened to f32 (int8: `q as f32 * scale`). That is exactly what the
 //! reference [`crate::matmul`] computes on the widened matrix, whatever the tile, thread or ISA.
+//!
+//! Split by concern: `layout` spells where elements live (the one `panel_index`, `w8_index`, …),
+//! `formats` how each storage type widens (and `Panels`, a matrix seen in its format); this module
+//! holds the storage itself and fills it. It imports no kernel.
+
+mod formats;
+mod layout;
+
+pub use formats::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
+pub use layout::{NR, Q8_BLOCK, W8_BLOCK};
+
+pub(crate) use formats::{Bf16s, F16s, F32s, Format, Panels, Q8s};
+pub(crate) use layout::{panel_index, scale_index, w8_block_index, w8_index, w8_value};
 
 use crate::aligned::Aligned;
-
-/// Columns per panel.
-pub const NR: usize = 16;
-/// Columns sharing one int8 scale (per row): two panels.
-pub const Q8_BLOCK: usize = 32;
-/// Reduction rows sharing one W8A8 scale: per output column for the weights, per token for the
-/// activations (llama.cpp's Q8_0 block).
-pub const W8_BLOCK: usize = 32;
 
 /// How weights are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,40 +101,6 @@ impl Storage {
     }
 }
 
-/// Where panel `p`'s row `i` starts in a `K`-row matrix's storage: panel-major, then row, then
-/// the panel's 16 lanes. The one place the layout is spelled.
-#[inline(always)]
-pub(crate) fn panel_index(k: usize, p: usize, i: usize) -> usize {
-    (p * k + i) * NR
-}
-
-/// Which int8 scale covers row `i`, column `c` (one per row and [`Q8_BLOCK`] columns).
-#[inline(always)]
-pub(crate) fn scale_index(k: usize, c: usize, i: usize) -> usize {
-    (c / Q8_BLOCK) * k + i
-}
-
-/// Where W8A8 element (row `i`, lane `j`) of panel `p` lives, in a matrix padded to `kp` rows:
-/// panel-major, then groups of four rows, then the lane, then the row within its group, so that
-/// one group of a panel is 64 bytes holding each column's four consecutive weights together (what
-/// one 32-bit lane of an integer dot-product instruction takes).
-#[inline(always)]
-pub(crate) fn w8_index(kp: usize, p: usize, i: usize, j: usize) -> usize {
-    (p * kp + (i & !3)) * NR + 4 * j + (i & 3)
-}
-
-/// A stored W8A8 weight's int8 value.
-#[inline(always)]
-pub(crate) fn w8_value(u: u8) -> i8 {
-    (u ^ 0x80) as i8
-}
-
-/// Where the [`NR`] scales of panel `p`'s block `b` start.
-#[inline(always)]
-pub(crate) fn w8_block_index(kp: usize, p: usize, b: usize) -> usize {
-    (p * (kp / W8_BLOCK) + b) * NR
-}
-
 /// `x · (1/s)` rounded half to even and clamped to ±127 (0 when `s` is 0): the one int8
 /// quantizer, for W8A8 weights and activations alike. (A product by the reciprocal, as
 /// llama.cpp's, rather than a division per element.)
@@ -166,154 +137,12 @@ pub(crate) fn scale_of(amax: f32) -> f32 {
     amax / 127.0
 }
 
-/// A storage format: its element type and how one element widens to f32 (the value the kernels
-/// multiply with; `scale` is the int8 block's, 1 for the others).
-pub(crate) trait Format {
-    type E: Copy;
-    fn widen(e: Self::E, scale: f32) -> f32;
-}
-
-pub(crate) struct F32s;
-pub(crate) struct F16s;
-pub(crate) struct Bf16s;
-pub(crate) struct Q8s;
-
-impl Format for F32s {
-    type E = f32;
-    #[inline(always)]
-    fn widen(e: f32, _: f32) -> f32 {
-        e
-    }
-}
-impl Format for F16s {
-    type E = u16;
-    #[inline(always)]
-    fn widen(e: u16, _: f32) -> f32 {
-        f16_bits_to_f32(e)
-    }
-}
-impl Format for Bf16s {
-    type E = u16;
-    #[inline(always)]
-    fn widen(e: u16, _: f32) -> f32 {
-        bf16_bits_to_f32(e)
-    }
-}
-impl Format for Q8s {
-    type E = i8;
-    #[inline(always)]
-    fn widen(e: i8, scale: f32) -> f32 {
-        e as f32 * scale
-    }
-}
-
-/// One matrix's panels seen in their format `F` (with the int8 scales; empty for the others):
-/// what the kernels read.
-pub(crate) struct Panels<'a, F: Format> {
-    pub(crate) d: &'a [F::E],
-    pub(crate) scales: &'a [f32],
-    pub(crate) k: usize,
-    _format: std::marker::PhantomData<F>,
-}
-
-impl<'a, F: Format> Panels<'a, F> {
-    pub(crate) fn new(d: &'a [F::E], scales: &'a [f32], k: usize) -> Self {
-        Panels { d, scales, k, _format: std::marker::PhantomData }
-    }
-
-    /// Where panel `p`'s row `i` starts.
-    #[inline(always)]
-    pub(crate) fn base(&self, p: usize, i: usize) -> usize {
-        panel_index(self.k, p, i)
-    }
-
-    /// The scale of panel `p`'s row `i` (1 unless int8).
-    #[inline(always)]
-    pub(crate) fn scale(&self, p: usize, i: usize) -> f32 {
-        if self.scales.is_empty() {
-            1.0
-        } else {
-            self.scales[scale_index(self.k, p * NR, i)]
-        }
-    }
-
-    /// Panel `p`'s row `i` widened to f32.
-    #[inline(always)]
-    pub(crate) fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let base = self.base(p, i);
-        let e: &[F::E; NR] = self.d[base..base + NR].try_into().expect("a panel row");
-        let s = self.scale(p, i);
-        e.map(|x| F::widen(x, s))
-    }
-}
-
 /// A `[K, N]` weight matrix in panels.
 pub struct PackedMatrix {
     k: usize,
     n: usize,
     panels: usize,
     pub(crate) data: Storage,
-}
-
-/// f32 → f16 bits, round to nearest even (as `half` and numpy do).
-pub fn f32_to_f16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    let sign = ((b >> 16) & 0x8000) as u16;
-    let exp = ((b >> 23) & 0xff) as i32;
-    let man = b & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rest = m & ((1 << shift) - 1);
-        let mut h = m >> shift;
-        if rest > half || (rest == half && (h & 1) == 1) {
-            h += 1;
-        }
-        return sign | h as u16;
-    }
-    let mut h = ((e as u32) << 10) | (man >> 13);
-    let rest = man & 0x1fff;
-    if rest > 0x1000 || (rest == 0x1000 && (h & 1) == 1) {
-        h += 1;
-    }
-    sign | h as u16
-}
-
-/// f16 bits → f32, exact and branch-free (subnormals through a power-of-two multiply).
-#[inline(always)]
-pub fn f16_bits_to_f32(h: u16) -> f32 {
-    let h = h as u32;
-    let magic = f32::from_bits((254 - 15) << 23); // 2^112
-    let mut v = f32::from_bits((h & 0x7fff) << 13) * magic;
-    if h & 0x7c00 == 0x7c00 {
-        v = f32::from_bits(v.to_bits() | 0x7f80_0000);
-    }
-    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
-}
-
-/// f32 → bf16 bits, round to nearest even.
-pub fn f32_to_bf16_bits(x: f32) -> u16 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return ((b >> 16) | 0x40) as u16;
-    }
-    ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
-}
-
-#[inline(always)]
-pub fn bf16_bits_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
 }
 
 impl PackedMatrix {
