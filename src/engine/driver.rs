@@ -1,11 +1,12 @@
 //! The engine loop on its own thread: take commands, plan a step, execute it, update every
 //! sequence from what it produced (events, finishes with their reason, prompt-cache inserts).
 
+use super::command::Command;
+use super::config::{EngineConfig, Gauges, Monitor};
 use super::policy::{self, Limits, Phase};
 use super::request::{CancelReason, Ending, Event, Usage};
 use super::runner::{Output, Runner};
 use super::slot::{Slot, Waiting};
-use super::{Command, EngineConfig, Gauges, Monitor};
 use crate::error::Result;
 use crate::generate::FinishReason;
 use crate::model::Model;

@@ -1,9 +1,9 @@
 //! The one way in: [`EngineHandle::submit`] checks a request, owns the queue limit and returns
 //! the sequence's event stream; [`EngineHandle::cancel`] ends one early, saying why.
 
+use super::command::Command;
 use super::request::{CancelReason, Events, Request, SeqId, SubmitError};
 use super::slot::Waiting;
-use super::Command;
 use crate::error::Error;
 use crate::model::Model;
 use crate::sequence::check_context;

@@ -1,7 +1,7 @@
 //! AVX2 + FMA + F16C: a panel row in two 256-bit registers ([`Y`], lanes 0–7 and 8–15) and its
 //! integer dot products ([`Yi`]).
 
-use super::{IntLanes, Lanes};
+use super::traits::{IntLanes, Lanes};
 use crate::packed::NR;
 use std::arch::x86_64::*;
 

@@ -1,7 +1,7 @@
 //! AVX-512 (F, BW, VL, VNNI): a panel row in one 512-bit register ([`Z`]) and its integer dot
 //! products with `vpdpbusd` ([`Zi`]).
 
-use super::{IntLanes, Lanes};
+use super::traits::{IntLanes, Lanes};
 use crate::packed::NR;
 use std::arch::x86_64::*;
 

@@ -26,7 +26,7 @@ pub struct ChatArgs {
     #[arg(long, short = 'n', default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_new_tokens: u32,
     #[command(flatten)]
-    pub sampling: crate::generate::SamplingArgs,
+    pub sampling: crate::common::SamplingArgs,
     /// When the context is full, keep the last N tokens and compute their K/V again (GPT-2's
     /// learned positions cannot be shifted), instead of stopping with the options.
     #[arg(long, value_name = "N")]
@@ -61,7 +61,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         loaded.files.name,
         n,
         model.weights_dtype(),
-        crate::generate::sampler_words(&sampling)
+        crate::common::sampler_words(&sampling)
     );
     let stdin = std::io::stdin();
     let mut input = String::new();

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvgpt::{hub, Loaded, Locate};
+use kvgpt::{hub, Loaded, Locate, Sampling};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
@@ -167,4 +167,76 @@ pub fn refuse_input_path(
         }
     }
     Ok(())
+}
+
+/// How tokens are chosen: the flags `generate` and `chat` share.
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
+    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
+    pub temperature: Option<f32>,
+    /// Sample only from the K most likely tokens.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub top_k: Option<u32>,
+    /// Sample only from the most likely tokens whose probabilities add up to P (0 < P <= 1).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_p: Option<f32>,
+    /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// HF's repetition penalty θ > 0 (1 = off): every token already in the text, prompt
+    /// included, has its logit divided by θ if positive, multiplied by it if not. Greedy too.
+    #[arg(long, default_value_t = 1.0, value_name = "THETA")]
+    pub repetition_penalty: f32,
+    /// OpenAI's presence penalty in [-2, 2]: taken once off every token generated so far.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in [-2, 2]: taken off a token once per time it was generated.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+}
+
+impl SamplingArgs {
+    /// The sampler settings, each flag checked ([`Sampling::check`]).
+    pub fn sampling(&self) -> Result<Sampling> {
+        let a = self;
+        let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
+        let s = Sampling {
+            temperature: if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 },
+            top_k: a.top_k.map(|k| k as usize),
+            top_p: a.top_p,
+            seed: a.seed,
+            repetition_penalty: a.repetition_penalty,
+            presence_penalty: a.presence_penalty,
+            frequency_penalty: a.frequency_penalty,
+        };
+        s.check().map_err(|e| anyhow::anyhow!("{} {}", e.setting.flag(), e.rule))?;
+        Ok(s)
+    }
+}
+
+/// The sampler settings in a few words, for the stats line.
+pub fn sampler_words(s: &Sampling) -> String {
+    let mut w = if s.is_greedy() {
+        "greedy".to_string()
+    } else {
+        let mut w = format!("sampled T={} seed={}", s.temperature, s.seed);
+        if let Some(k) = s.top_k {
+            w += &format!(" top-k={k}");
+        }
+        if let Some(p) = s.top_p {
+            w += &format!(" top-p={p}");
+        }
+        w
+    };
+    if s.repetition_penalty != 1.0 {
+        w += &format!(" repetition-penalty={}", s.repetition_penalty);
+    }
+    if s.presence_penalty != 0.0 {
+        w += &format!(" presence-penalty={}", s.presence_penalty);
+    }
+    if s.frequency_penalty != 0.0 {
+        w += &format!(" frequency-penalty={}", s.frequency_penalty);
+    }
+    w
 }

@@ -1,6 +1,9 @@
 //! `kvgpt generate` and `kvgpt tokenize`.
 
-use crate::common::{load, locate, print_json, prompt_ids, read_prompt, Input, ModelArgs, Outcome, PromptArgs};
+use crate::common::{
+    load, locate, print_json, prompt_ids, read_prompt, sampler_words, Input, ModelArgs, Outcome, PromptArgs,
+    SamplingArgs,
+};
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::stop::TextStream;
@@ -44,52 +47,6 @@ pub struct GenerateArgs {
     pub prompt_cache: Option<PathBuf>,
 }
 
-/// How tokens are chosen: the flags `generate` and `chat` share.
-#[derive(Args)]
-pub struct SamplingArgs {
-    /// Sample with this temperature (0 = greedy). Giving any sampling flag turns sampling on.
-    #[arg(long, visible_alias = "temp", allow_negative_numbers = true)]
-    pub temperature: Option<f32>,
-    /// Sample only from the K most likely tokens.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    pub top_k: Option<u32>,
-    /// Sample only from the most likely tokens whose probabilities add up to P (0 < P <= 1).
-    #[arg(long, allow_negative_numbers = true)]
-    pub top_p: Option<f32>,
-    /// Seed of the ChaCha20 sampling RNG: the same seed gives the same text everywhere.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// HF's repetition penalty θ > 0 (1 = off): every token already in the text, prompt
-    /// included, has its logit divided by θ if positive, multiplied by it if not. Greedy too.
-    #[arg(long, default_value_t = 1.0, value_name = "THETA")]
-    pub repetition_penalty: f32,
-    /// OpenAI's presence penalty in [-2, 2]: taken once off every token generated so far.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub presence_penalty: f32,
-    /// OpenAI's frequency penalty in [-2, 2]: taken off a token once per time it was generated.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub frequency_penalty: f32,
-}
-
-impl SamplingArgs {
-    /// The sampler settings, each flag checked ([`Sampling::check`]).
-    pub fn sampling(&self) -> Result<Sampling> {
-        let a = self;
-        let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
-        let s = Sampling {
-            temperature: if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 },
-            top_k: a.top_k.map(|k| k as usize),
-            top_p: a.top_p,
-            seed: a.seed,
-            repetition_penalty: a.repetition_penalty,
-            presence_penalty: a.presence_penalty,
-            frequency_penalty: a.frequency_penalty,
-        };
-        s.check().map_err(|e| anyhow::anyhow!("{} {}", e.setting.flag(), e.rule))?;
-        Ok(s)
-    }
-}
-
 fn checked_stops(a: &GenerateArgs) -> Result<()> {
     if a.stop.iter().any(String::is_empty) {
         bail!("--stop needs a non-empty string");
@@ -109,32 +66,6 @@ fn sampler_json(s: &Sampling) -> Value {
         "presence_penalty": s.presence_penalty,
         "frequency_penalty": s.frequency_penalty,
     })
-}
-
-/// The sampler settings in a few words, for the stats line.
-pub fn sampler_words(s: &Sampling) -> String {
-    let mut w = if s.is_greedy() {
-        "greedy".to_string()
-    } else {
-        let mut w = format!("sampled T={} seed={}", s.temperature, s.seed);
-        if let Some(k) = s.top_k {
-            w += &format!(" top-k={k}");
-        }
-        if let Some(p) = s.top_p {
-            w += &format!(" top-p={p}");
-        }
-        w
-    };
-    if s.repetition_penalty != 1.0 {
-        w += &format!(" repetition-penalty={}", s.repetition_penalty);
-    }
-    if s.presence_penalty != 0.0 {
-        w += &format!(" presence-penalty={}", s.presence_penalty);
-    }
-    if s.frequency_penalty != 0.0 {
-        w += &format!(" frequency-penalty={}", s.frequency_penalty);
-    }
-    w
 }
 
 /// One generated token with its log-probability and the most likely alternatives (the server's

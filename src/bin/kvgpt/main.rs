@@ -23,6 +23,7 @@ macro_rules! errln {
 mod bench;
 mod chat;
 mod common;
+mod errors;
 mod generate;
 mod info;
 mod inspect;
@@ -70,10 +71,6 @@ enum Cmd {
     Serve(serve::ServeArgs),
 }
 
-/// The exit status of a process that a closed pipe ended (128 + SIGPIPE), as the shell reports
-/// for Unix tools: `kvgpt … | head` stops quietly with it.
-const BROKEN_PIPE_EXIT: u8 = 141;
-
 /// The command line with negative numbers accepted as option values everywhere, so that
 /// `-n -5` is refused by the option's own range check ("invalid value '-5'") rather than read as
 /// an unknown flag with clap's tip to write `-- -5` (which would make it a prompt).
@@ -102,20 +99,15 @@ fn main() -> ExitCode {
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::CheckFailed) => ExitCode::FAILURE,
-        Err(e) if is_broken_pipe(&e) => ExitCode::from(BROKEN_PIPE_EXIT),
+        Err(e) if errors::is_broken_pipe(&e) => ExitCode::from(errors::BROKEN_PIPE_EXIT),
         Err(e) => {
             errln!("error: {e:#}");
-            if let Some(hint) = hint(&e, flag) {
+            if let Some(hint) = errors::hint(&e, flag) {
                 errln!("hint: {hint}");
             }
             ExitCode::FAILURE
         }
     }
-}
-
-/// Did the reader of stdout (or stderr) go away?
-fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
 }
 
 impl Cmd {
@@ -132,45 +124,6 @@ impl Cmd {
             Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) | Cmd::Info(_) => None,
         }
     }
-}
-
-/// What the user can do about a library error, in terms of this command's flags.
-fn hint(e: &anyhow::Error, flag: Option<&str>) -> Option<String> {
-    match e.downcast_ref::<kvgpt::Error>()? {
-        kvgpt::Error::ContextOverflow { room, .. } if *room > 0 => match flag {
-            Some(flag) => Some(format!("shorten the prompt or lower {flag} to at most {room}")),
-            None => Some("shorten the prompt".into()),
-        },
-        kvgpt::Error::ContextOverflow { n_positions, .. } => {
-            Some(format!("shorten the prompt to at most {n_positions} tokens"))
-        }
-        kvgpt::Error::NotCached { .. } => Some(format!(
-            "run once without --offline (and HF_HUB_OFFLINE unset), or pass --model /path/to/folder{}",
-            bundled_model_hint()
-        )),
-        kvgpt::Error::HubFetch { .. } | kvgpt::Error::NotAModel { .. } => Some(format!(
-            "pass a local folder with --model /path/to/folder (config.json, model.safetensors, tokenizer.json){}",
-            bundled_model_hint()
-        )),
-        kvgpt::Error::WhichTensor { .. } => Some("name it with --tensor NAME".into()),
-        _ => None,
-    }
-}
-
-/// The small model bundled with the source (random weights, the real tokenizer), as a way to try
-/// every command without the Hub: named relative to the working directory when it is there,
-/// else by the source folder's path when that still exists.
-fn bundled_model_hint() -> String {
-    const REL: &str = "tests/fixtures/tiny-gpt2";
-    let abs = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-gpt2");
-    let path = if std::path::Path::new(REL).join("config.json").is_file() {
-        REL
-    } else if std::path::Path::new(abs).join("config.json").is_file() {
-        abs
-    } else {
-        return String::new();
-    };
-    format!("; to try every command now, use the small bundled model: --model {path} (random weights, the real GPT-2 tokenizer)")
 }
 
 fn run(cli: Cli) -> Result<Outcome> {

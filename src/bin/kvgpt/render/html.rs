@@ -2,7 +2,7 @@
 //! attention: a layer picker, a head picker with "all heads", bertviz-style lines from a token to
 //! what it attends to on hover, the heatmap with both axes labelled, and the colour scale.
 
-use super::{axis_label, xml_escape, PALETTE};
+use super::grid::{axis_label, xml_escape, PALETTE};
 use serde_json::json;
 use std::fmt::Write as _;
 

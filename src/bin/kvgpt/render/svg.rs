@@ -3,7 +3,7 @@
 //! value as a tooltip, masked cells grey, a divider above the rows decoded with the KV cache on,
 //! and a colour bar with values.
 
-use super::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick};
+use super::grid::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick};
 use std::fmt::Write as _;
 
 /// The colour of a masked cell (a key after its query): grey, never on the scale.

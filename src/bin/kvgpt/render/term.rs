@@ -2,7 +2,7 @@
 //! labels at the left, each weight printed in its cell over the scale's colour, a colour-scale
 //! line with values, and a divider above the rows decoded with the KV cache on.
 
-use super::{axis_label, dark, shade, truncate, Grid};
+use super::grid::{axis_label, dark, shade, truncate, Grid};
 use std::fmt::Write as _;
 
 /// How colours reach the terminal.
