@@ -5,159 +5,12 @@
 
 mod common;
 
+use common::server::*;
 use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let model = fixture_dir().display().to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
-            .args(["serve", "--model", &model, "--port", "0", "-t", "2"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("the server printed its address").unwrap();
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        let s = Server { child, base };
-        let t0 = Instant::now();
-        while s.get("/health").0 != 200 {
-            assert!(t0.elapsed() < Duration::from_secs(60), "the server did not become ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        s
-    }
-
-    fn get(&self, path: &str) -> (u16, String) {
-        match ureq::get(&format!("{}{path}", self.base)).call() {
-            Ok(r) => (r.status(), r.into_string().unwrap()),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
-            Err(e) => panic!("GET {path}: {e}"),
-        }
-    }
-
-    fn post_raw(&self, path: &str, body: &str, key: Option<&str>) -> (u16, Value, Option<String>) {
-        let mut req = ureq::post(&format!("{}{path}", self.base)).set("content-type", "application/json");
-        if let Some(k) = key {
-            req = req.set("authorization", &format!("Bearer {k}"));
-        }
-        let (code, r) = match req.send_string(body) {
-            Ok(r) => (r.status(), r),
-            Err(ureq::Error::Status(code, r)) => (code, r),
-            Err(e) => panic!("POST {path}: {e}"),
-        };
-        let retry = r.header("retry-after").map(str::to_string);
-        let text = r.into_string().unwrap();
-        (code, serde_json::from_str(&text).unwrap_or(Value::String(text)), retry)
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (c, v, _) = self.post_raw(path, &body.to_string(), None);
-        (c, v)
-    }
-
-    /// A completion that must succeed.
-    fn complete(&self, body: &Value) -> Value {
-        let (code, v) = self.post("/v1/completions", body);
-        assert_eq!(code, 200, "{v}");
-        v
-    }
-
-    /// A streamed completion: the parsed `data:` events, up to `[DONE]` (which must come).
-    fn stream(&self, path: &str, body: &Value) -> Vec<Value> {
-        let r = ureq::post(&format!("{}{path}", self.base)).send_string(&body.to_string()).unwrap();
-        assert!(r.header("content-type").unwrap().starts_with("text/event-stream"));
-        let mut events = vec![];
-        for line in BufReader::new(r.into_reader()).lines() {
-            let line = line.unwrap();
-            if let Some(data) = line.strip_prefix("data: ") {
-                if data == "[DONE]" {
-                    return events;
-                }
-                events.push(serde_json::from_str(data).unwrap());
-            }
-        }
-        panic!("the stream ended without [DONE]");
-    }
-
-    fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.get("/metrics");
-        text.lines()
-            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-            .sum()
-    }
-
-    fn terminate(mut self) -> std::process::ExitStatus {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
-        let t0 = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "the server did not exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-}
-
-/// `kvgpt generate --json` with these flags.
-fn generate(args: &[&str]) -> Value {
-    let model = fixture_dir().display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
-        .args(["generate", "--model", &model, "--json", "-t", "2"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// (ids, logprob, [(top id, top logprob)]) of a completion choice's logprobs.
-fn choice_logprobs(choice: &Value) -> (Vec<u32>, Vec<f64>, Vec<Vec<f64>>) {
-    let lp = &choice["logprobs"];
-    let ids = ids_of(&lp["token_ids"]);
-    let lps = lp["token_logprobs"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-    let tops = lp["top_logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let mut v: Vec<f64> = m.as_object().unwrap().values().map(|x| x.as_f64().unwrap()).collect();
-            v.sort_by(|a, b| b.total_cmp(a));
-            v
-        })
-        .collect();
-    (ids, lps, tops)
-}
 
 #[test]
 fn completions_equal_hf_and_generate_bit_for_bit() {
@@ -458,4 +311,34 @@ fn a_client_that_disconnects_frees_its_slot_and_sigterm_drains() {
     assert!(rest.trim_end().ends_with("data: [DONE]"), "the stream in flight finished");
     assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 3);
     assert!(s.terminate().success());
+}
+
+/// A stop sequence finishes its sequence as a stop, and a length as a length: neither counts as a
+/// cancellation, which only a client that leaves causes (on main before the engine seam, a stop
+/// sequence was a dropped receiver and counted as cancelled).
+#[test]
+fn every_sequence_ends_with_its_reason_and_only_a_client_that_leaves_is_cancelled() {
+    let s = Server::start(&[]);
+    let reference = Reference::load();
+    let greedy = &reference.prompts()[0];
+    let finished = |reason: &str| format!("kvgpt_sequences_finished_total{{reason=\"{reason}\"}}");
+    let (_, text) = s.get("/metrics");
+    for reason in ["eos", "length", "stop", "cancelled", "error"] {
+        assert!(text.contains(&format!("{} 0", finished(reason))), "{reason} is counted from the start:\n{text}");
+    }
+    let stop = &greedy.greedy_text[6..9];
+    let v = s.complete(
+        &json!({"prompt": greedy.text, "max_tokens": 20, "temperature": 0, "stop": [stop], "ignore_eos": true}),
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let v = s.complete(&json!({"prompt": greedy.text, "max_tokens": 3, "temperature": 0, "ignore_eos": true}));
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let t0 = Instant::now();
+    while s.metric(&finished("stop")) < 1.0 || s.metric(&finished("length")) < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the engine did not count the stop and the length");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!((s.metric(&finished("stop")), s.metric(&finished("length"))), (1.0, 1.0));
+    assert_eq!(s.metric("kvgpt_sequences_cancelled_total"), 0.0, "a stop is not a cancellation");
+    assert_eq!(s.metric(&finished("cancelled")), 0.0);
 }

@@ -1,6 +1,9 @@
 //! Shared test helpers: the tiny-gpt2 fixture and its Hugging Face reference outputs.
 #![allow(dead_code)]
 
+pub mod server;
+pub mod views;
+
 use kvgpt::{hub, Loaded};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
