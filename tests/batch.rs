@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kvgpt::engine::{self, EngineConfig, EngineHandle, Event, Events, NoMonitor, Request};
+use kvgpt::engine::{self, EngineConfig, EngineHandle, Event, Events, NoMonitor, Request, SubmitError};
 use kvgpt::logprobs::TokenLogprob;
 use kvgpt::prefix_cache::PrefixCache;
 use kvgpt::{generate, GenerateOptions, Model, Sampling, Scratch, Sequence};
@@ -318,5 +318,41 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
         assert_eq!((&alone.0, &alone.1), (&a.0, &a.1), "request {i}: together = alone without any cache");
     }
     drop(engine);
+    thread.join().unwrap();
+}
+
+/// The queue limit counts what the engine holds, running and waiting: a request of more sequences
+/// than both can ever hold is refused for good, one that does not fit now is busy until some
+/// finish, and one that fits is queued.
+#[test]
+fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
+    let loaded = load_fixture();
+    let model = Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
+    let cfg = EngineConfig { parallel: 1, batch_tokens: 16, cache_bytes: 0, max_queue: 1 };
+    let (h, thread) = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
+    let req = Request {
+        prompt: vec![464, 3797],
+        max_new_tokens: 4,
+        sampling: Sampling::GREEDY,
+        stop_at_eos: false,
+        logprobs: Some(3),
+    };
+    let long = submit(&h, &[464], 120, Sampling::GREEDY); // holds the one slot for 120 steps
+    assert!(matches!(h.submit_all(vec![req.clone(); 2]), Err(SubmitError::Busy { waiting: 0, limit: 1 })));
+    let queued = h.submit(req.clone()).expect("one more fits the queue");
+    match h.submit_all(vec![req.clone(); 3]) {
+        Err(e @ SubmitError::TooMany { n: 3, parallel: 1, max_queue: 1 }) => {
+            assert!(e.to_string().contains("smaller n"), "{e}")
+        }
+        other => panic!("three sequences can never fit one slot and one place in the queue: {:?}", other.err()),
+    }
+    assert_eq!(answer(long).0.len(), 120);
+    assert_eq!(answer(queued).0.len(), 4);
+    // Both have finished: two fit again (one runs, one waits).
+    let both = h.submit_all(vec![req; 2]).expect("room again once the others finished");
+    for a in both.into_iter().map(answer) {
+        assert_eq!(a.0.len(), 4);
+    }
+    drop(h);
     thread.join().unwrap();
 }

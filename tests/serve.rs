@@ -231,7 +231,15 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
             Some("model_not_found"),
         ),
         ("/v1/completions", json!({"prompt": "x".repeat(200_000)}).to_string(), 413, None, Some("request_too_large")),
-        ("/v1/completions", json!({"prompt": "x", "n": 3}).to_string(), 503, None, Some("queue_full")),
+        // More sequences than --parallel (4) + --max-queue (2) can ever hold: a 400, not a retry.
+        ("/v1/completions", json!({"prompt": "x", "n": 7}).to_string(), 400, Some("n"), None),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1000}).to_string(),
+            400,
+            Some("max_completion_tokens"),
+            None,
+        ),
         ("/v1/chat/completions", json!({"messages": []}).to_string(), 400, Some("messages"), None),
         (
             "/v1/chat/completions",
@@ -264,6 +272,27 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
         // And the server still answers a good request.
         assert_eq!(s.post("/v1/completions", &good).0, 200);
     }
+    // Fewer sequences than the slots and the queue hold, on an idle server: served, not a 503.
+    let (code, v) = s.post("/v1/completions", &json!({"prompt": "x", "n": 3, "max_tokens": 2}));
+    assert_eq!((code, v["choices"].as_array().map(Vec::len)), (200, Some(3)), "{v}");
+    // Messages name the request's own fields, in plain words.
+    let (_, v, _) =
+        s.post_raw("/v1/chat/completions", &json!({"messages": [{"role": "tool", "content": "x"}]}).to_string(), None);
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("got \"tool\"") && !m.contains("Some("), "{m}");
+    let (_, v, _) = s.post_raw(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000}).to_string(),
+        None,
+    );
+    let m = v["error"]["message"].as_str().unwrap();
+    assert_eq!(v["error"]["param"], "max_tokens");
+    assert!(m.contains("`messages`") && m.contains("`max_tokens`") && !m.contains("`prompt`"), "{m}");
+    // A wrong method gets an error object too, saying which method the endpoint takes.
+    let (code, text) = s.get("/v1/completions");
+    let v: Value = serde_json::from_str(&text).expect("a 405 with a JSON body");
+    assert_eq!((code, v["error"]["code"].as_str()), (405, Some("method_not_allowed")));
+    assert!(v["error"]["message"].as_str().unwrap().contains("POST"), "{v}");
     assert!(s.metric("kvgpt_requests_total") >= 40.0);
 }
 

@@ -23,20 +23,20 @@ pub(super) struct Engine {
     runner: Runner,
     slots: Vec<Slot>,
     waiting: VecDeque<Waiting>,
-    /// Sequences submitted and not yet admitted (shared with the handle, which owns the limit).
-    queued: Arc<AtomicUsize>,
+    /// Sequences submitted and not yet ended (shared with the handle, which owns the limit).
+    inflight: Arc<AtomicUsize>,
     draining: bool,
 }
 
 impl Engine {
-    pub fn new(model: Arc<Model>, cfg: EngineConfig, queued: Arc<AtomicUsize>) -> Engine {
+    pub fn new(model: Arc<Model>, cfg: EngineConfig, inflight: Arc<AtomicUsize>) -> Engine {
         Engine {
             cache: PrefixCache::new(cfg.cache_bytes),
             runner: Runner::new(model, cfg.batch_tokens),
             cfg,
             slots: vec![],
             waiting: VecDeque::new(),
-            queued,
+            inflight,
             draining: false,
         }
     }
@@ -91,11 +91,7 @@ impl Engine {
         if let Some(i) = self.slots.iter().position(|s| s.id == id) {
             let s = self.slots.remove(i);
             match reason {
-                CancelReason::Stop { tokens } => {
-                    let usage = s.usage(tokens);
-                    s.send(Event::Done { finish: FinishReason::Stop, usage });
-                    self.finish(s, Ending::Finished(FinishReason::Stop), tokens, monitor);
-                }
+                CancelReason::Stop { tokens } => self.finish(s, Ending::Finished(FinishReason::Stop), tokens, monitor),
                 CancelReason::Client => self.finish(s, Ending::Cancelled, usize::MAX, monitor),
             }
         } else if let Some(i) = self.waiting.iter().position(|w| w.id == id) {
@@ -105,7 +101,7 @@ impl Engine {
     }
 
     fn cancel_waiting(&mut self, w: Waiting, monitor: &mut dyn Monitor) {
-        self.queued.fetch_sub(1, Ordering::Relaxed);
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
         let usage = Usage { prompt_tokens: w.req.prompt.len(), queue: w.submitted.elapsed(), ..Usage::default() };
         monitor.finished(&usage, Ending::Cancelled);
     }
@@ -147,11 +143,11 @@ impl Engine {
     /// Moves `n` waiting sequences into slots.
     fn admit(&mut self, n: usize) {
         for w in self.waiting.drain(..n.min(self.waiting.len())) {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
             // The handle checked the request; a failure here is memory, reported as an error.
             match Sequence::new(&self.runner.model, &w.req.prompt, w.req.max_new_tokens, w.req.sampling) {
                 Ok(seq) => self.slots.push(Slot::new(w, seq)),
                 Err(e) => {
+                    self.inflight.fetch_sub(1, Ordering::Relaxed);
                     let _ = w.events.send(Event::Error(e.to_string()));
                 }
             }
@@ -205,21 +201,26 @@ impl Engine {
         }
         for &(slot, finish) in done.iter().rev() {
             let s = self.slots.remove(slot); // `remove` keeps admission order
-            s.send(Event::Done { finish, usage: s.usage(usize::MAX) });
             self.finish(s, Ending::Finished(finish), usize::MAX, monitor);
         }
     }
 
     /// A sequence leaves: its K/V into the prompt cache (once it has started), its hold
-    /// released, its usage counted.
+    /// released, its usage counted, and then, for a finish, `Done` (so whoever reads it finds the
+    /// sequence no longer counted against the queue limit).
     fn finish(&mut self, mut s: Slot, ending: Ending, completion: usize, monitor: &mut dyn Monitor) {
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
         if self.cfg.cache_bytes > 0 && s.first_token.is_some() {
             self.cache.insert(s.seq.ids(), s.seq.cache());
         }
         if let Some(h) = s.hold.take() {
             self.cache.release(h);
         }
-        monitor.finished(&s.usage(completion), ending);
+        let usage = s.usage(completion);
+        monitor.finished(&usage, ending);
+        if let Ending::Finished(finish) = ending {
+            s.send(Event::Done { finish, usage });
+        }
     }
 
     fn gauges(&self) -> Gauges {

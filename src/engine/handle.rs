@@ -18,7 +18,9 @@ use tokio::sync::mpsc::unbounded_channel;
 pub struct EngineHandle {
     pub(super) tx: mpsc::Sender<Command>,
     pub(super) model: Arc<Model>,
-    pub(super) queued: Arc<AtomicUsize>,
+    /// Sequences submitted and not yet ended: running, and waiting for a slot.
+    pub(super) inflight: Arc<AtomicUsize>,
+    pub(super) parallel: usize,
     pub(super) max_queue: usize,
     pub(super) next_id: Arc<AtomicU64>,
 }
@@ -30,16 +32,24 @@ impl EngineHandle {
     }
 
     /// Submits sequences that belong together (the choices and prompts of one request): all are
-    /// queued, or none is.
+    /// queued, or none is. They are counted against what the engine holds: `parallel` running
+    /// and `max_queue` waiting. More than both can ever hold is refused for good
+    /// ([`SubmitError::TooMany`]); more than they hold now, until some finish
+    /// ([`SubmitError::Busy`]).
     pub fn submit_all(&self, reqs: Vec<Request>) -> Result<Vec<Events>, SubmitError> {
         for r in &reqs {
             self.check(r)?;
         }
         let n = reqs.len();
-        let before = self.queued.fetch_add(n, Ordering::Relaxed);
-        if before + n > self.max_queue {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
-            return Err(SubmitError::Busy { waiting: before, limit: self.max_queue });
+        let room = self.parallel + self.max_queue;
+        if n > room {
+            return Err(SubmitError::TooMany { n, parallel: self.parallel, max_queue: self.max_queue });
+        }
+        let before = self.inflight.fetch_add(n, Ordering::Relaxed);
+        if before + n > room {
+            self.inflight.fetch_sub(n, Ordering::Relaxed);
+            let waiting = before.saturating_sub(self.parallel);
+            return Err(SubmitError::Busy { waiting, limit: self.max_queue });
         }
         let submitted = Instant::now();
         let mut out = Vec::with_capacity(n);
@@ -47,7 +57,7 @@ impl EngineHandle {
             let id: SeqId = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = unbounded_channel();
             if self.tx.send(Command::Submit(Waiting { id, req, events, submitted })).is_err() {
-                self.queued.fetch_sub(n - out.len(), Ordering::Relaxed);
+                self.inflight.fetch_sub(n - out.len(), Ordering::Relaxed);
                 return Err(SubmitError::Stopped);
             }
             out.push(Events { id, rx });
@@ -66,9 +76,9 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Drain);
     }
 
-    /// Sequences submitted and not yet admitted.
-    pub fn waiting(&self) -> usize {
-        self.queued.load(Ordering::Relaxed)
+    /// Sequences submitted and not yet ended (running or waiting).
+    pub fn in_flight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
     }
 
     fn check(&self, r: &Request) -> Result<(), Error> {

@@ -39,16 +39,17 @@ pub fn spawn(
     pool: Option<rayon::ThreadPool>,
 ) -> std::io::Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = mpsc::channel();
-    let queued = Arc::new(AtomicUsize::new(0));
+    let inflight = Arc::new(AtomicUsize::new(0));
     let handle = EngineHandle {
         tx,
         model: model.clone(),
-        queued: queued.clone(),
+        inflight: inflight.clone(),
+        parallel: cfg.parallel,
         max_queue: cfg.max_queue,
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let thread = std::thread::Builder::new().name("kvgpt-engine".into()).spawn(move || {
-        let engine = driver::Engine::new(model, cfg, queued);
+        let engine = driver::Engine::new(model, cfg, inflight);
         match pool {
             Some(p) => p.install(|| engine.run(rx, monitor.as_mut())),
             None => engine.run(rx, monitor.as_mut()),

@@ -102,6 +102,13 @@ pub enum SubmitError {
     /// The queue holds `waiting` sequences and `limit` at most: retry shortly.
     #[error("the server is busy: {waiting} sequences are waiting (limit {limit}); retry shortly")]
     Busy { waiting: usize, limit: usize },
+    /// The request has more sequences than the engine can ever hold at once.
+    #[error(
+        "this request needs {n} sequences (prompts × n), but the server runs at most {parallel} at once and \
+         queues {max_queue} more; send fewer prompts or a smaller n, or start the server with a larger \
+         --parallel or --max-queue"
+    )]
+    TooMany { n: usize, parallel: usize, max_queue: usize },
     /// The request can never run (its prompt or length does not fit the model).
     #[error(transparent)]
     Invalid(#[from] Error),

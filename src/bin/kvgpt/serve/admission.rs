@@ -81,6 +81,7 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
             err.retry_after = Some(1);
             err
         }
+        SubmitError::TooMany { .. } => ApiError::bad("n", e.to_string()),
         SubmitError::Invalid(e) => ApiError::bad("", e.to_string()),
         SubmitError::Stopped => {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the engine has stopped")
@@ -97,12 +98,13 @@ fn context(params: &Params, ep: Endpoint, len: usize, n_positions: usize) -> Api
     let room = n_positions.saturating_sub(len);
     let max_tokens = params.max_tokens.unwrap_or(ep.default_max_tokens(room));
     if max_tokens == 0 || len + max_tokens > n_positions {
-        let param = if params.max_tokens.is_some() && len < n_positions { "max_tokens" } else { "prompt" };
+        let (prompt, limit) = (ep.prompt_param(), params.max_tokens_param);
+        let param = if params.max_tokens.is_some() && len < n_positions { limit } else { prompt };
         return Err(ApiError::bad(
             param,
             format!(
                 "this model's maximum context length is {n_positions} tokens, but {len} prompt tokens + {max_tokens} \
-                 completion tokens were asked for; shorten the prompt or lower max_tokens to at most {room}"
+                 completion tokens were asked for; shorten `{prompt}` or lower `{limit}` to at most {room}"
             ),
         )
         .with_code("context_length_exceeded"));

@@ -68,6 +68,8 @@ pub struct Params {
     pub model: Option<String>,
     pub prompts: Vec<Prompt>,
     pub max_tokens: Option<usize>,
+    /// The field that set (or would set) `max_tokens`, as errors name it.
+    pub max_tokens_param: &'static str,
     /// The sampler of the first choice; choice `j` samples with seed `seed + j`.
     pub sampling: Sampling,
     pub stop: Vec<String>,
@@ -211,7 +213,7 @@ fn stop(m: &Map<String, Value>) -> ApiResult<Vec<String>> {
 }
 
 /// Fields both endpoints share.
-fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) -> ApiResult<Params> {
+fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static str) -> ApiResult<Params> {
     let model = match field(m, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -236,17 +238,19 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &str) ->
         })?,
         None => false,
     };
-    let max_tokens = match int(m, max_tokens_key, 1, i64::from(u32::MAX))? {
-        Some(n) => Some(n as usize),
+    // Chat takes `max_completion_tokens`, or the older `max_tokens`; errors name the one given.
+    let (max_tokens, max_tokens_param) = match int(m, max_tokens_key, 1, i64::from(u32::MAX))? {
+        Some(n) => (Some(n as usize), max_tokens_key),
         None if max_tokens_key == "max_completion_tokens" => {
-            int(m, "max_tokens", 1, i64::from(u32::MAX))?.map(|n| n as usize)
+            (int(m, "max_tokens", 1, i64::from(u32::MAX))?.map(|n| n as usize), "max_tokens")
         }
-        None => None,
+        None => (None, max_tokens_key),
     };
     Ok(Params {
         model,
         prompts,
         max_tokens,
+        max_tokens_param,
         sampling: sampling(m)?,
         stop: stop(m)?,
         echo: false,
@@ -291,10 +295,15 @@ pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
         let param = format!("messages[{i}]");
         let o = msg.as_object().ok_or_else(|| ApiError::bad(&param, format!("{param} must be an object")))?;
         let role = o.get("role").and_then(Value::as_str).unwrap_or_default();
+        let got = match o.get("role") {
+            Some(Value::String(r)) => format!("{r:?}"),
+            Some(v) => kind(v).to_string(),
+            None => "nothing".to_string(),
+        };
         if !["system", "developer", "user", "assistant"].contains(&role) {
             return Err(ApiError::bad(
                 &format!("{param}.role"),
-                format!("{param}.role must be system, developer, user or assistant, got {:?}", o.get("role")),
+                format!("{param}.role must be system, developer, user or assistant, got {got}"),
             ));
         }
         let content = match o.get("content") {

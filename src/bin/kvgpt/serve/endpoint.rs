@@ -30,6 +30,14 @@ impl Endpoint {
         }
     }
 
+    /// The field that holds the prompt, as errors name it.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "prompt",
+            Endpoint::Chat => "messages",
+        }
+    }
+
     /// The prefix of response ids.
     pub fn id_prefix(self) -> &'static str {
         match self {

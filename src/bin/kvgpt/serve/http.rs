@@ -84,6 +84,19 @@ pub async fn not_found(req: HttpRequest) -> ApiError {
     )
 }
 
+/// Where an endpoint exists but not for this method: 405 with an error object (axum's own has an
+/// empty body) that says which method each endpoint takes.
+pub async fn method_not_allowed(req: HttpRequest) -> ApiError {
+    let path = req.uri().path();
+    let method = if ["/health", "/v1/models", "/metrics"].contains(&path) { "GET" } else { "POST" };
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method_not_allowed",
+        format!("{path} does not take {}; send it as {method}", req.method()),
+    )
+}
+
 pub fn ready(app: &App) -> ApiResult<&Ready> {
     app.ready.get().ok_or_else(|| {
         let mut e =

@@ -48,7 +48,8 @@ pub struct ServeArgs {
     /// Megabytes of K/V the prompt cache may hold (0 turns it off).
     #[arg(long, default_value_t = 256)]
     pub cache_mb: u32,
-    /// Requests that may wait for a slot; past that, 503 with Retry-After.
+    /// Sequences that may wait for a slot (each choice of each prompt is one); past that, 503 with
+    /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
     pub max_queue: u32,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
@@ -93,6 +94,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         .route("/detokenize", post(http::detokenize))
         .route("/metrics", get(http::metrics_text))
         .fallback(http::not_found)
+        .method_not_allowed_fallback(http::method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), http::auth))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(app.clone());
