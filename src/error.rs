@@ -47,6 +47,12 @@ pub enum Error {
     #[error("{file} is not a valid safetensors file ({reason}); re-download or re-save it")]
     CorruptWeights { file: PathBuf, reason: String },
 
+    #[error("{file} is not a valid GGUF file ({reason}); re-download it or convert it again")]
+    CorruptGguf { file: PathBuf, reason: String },
+
+    #[error("{file}: {reason}")]
+    UnsupportedGguf { file: PathBuf, reason: String },
+
     #[error("{file}: `{key}` = {value} is not supported: {why}")]
     UnsupportedConfig { file: PathBuf, key: String, value: String, why: String },
 

@@ -96,6 +96,16 @@ impl Locate {
                     .into(),
             });
         }
+        // A name that ends like a model file is a file, never a hub id.
+        let lower = spec.to_ascii_lowercase();
+        if [".gguf", ".safetensors"].iter().any(|ext| lower.ends_with(ext)) {
+            return Err(Error::MissingFile {
+                path: path.to_path_buf(),
+                hint: "check the file's name and folder (a model is a GGUF file, a folder with config.json, \
+                       model.safetensors and tokenizer.json, or a hub id like distilbert/distilgpt2)"
+                    .into(),
+            });
+        }
         let hub_id = |s: &str| {
             let part = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
             let mut it = s.split('/');

@@ -91,7 +91,9 @@ pub fn load_as(files: &ModelFiles, dtype: WeightType) -> Result<Loaded> {
         || Tokenizer::from_files(&files.tokenizer),
         || Model::load_as(&files.config, &files.weights, dtype),
     );
-    let (tokenizer, model) = (tokenizer?, model?);
+    // The model's error first: a GGUF of another architecture has no GPT-2 tokenizer either.
+    let model = model?;
+    let tokenizer = tokenizer?;
     if tokenizer.vocab_size() != model.config.vocab_size {
         return Err(Error::Tokenizer(format!(
             "the tokenizer has {} tokens but the model's vocabulary (vocab_size in {}) has {}; \

@@ -111,3 +111,66 @@ fn the_cli_takes_a_gguf_as_model_and_refuses_broken_ones() {
     let err = String::from_utf8_lossy(&run(&["generate", "--model", not.to_str().unwrap(), "x"]).stderr).into_owned();
     assert!(err.contains("it is a file but not a GGUF"), "{err}");
 }
+
+/// A GGUF header written here by the format's own layout (magic, version 3, counts, string
+/// metadata, tensor infos), independent of kvgpt's reader.
+fn handmade_gguf(meta: &[(&str, &str)], tensors: &[(&str, &[u64], u32)]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    let s = |b: &mut Vec<u8>, x: &str| {
+        b.extend((x.len() as u64).to_le_bytes());
+        b.extend(x.as_bytes());
+    };
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        s(&mut b, k);
+        b.extend(8u32.to_le_bytes()); // GGUF_TYPE_STRING
+        s(&mut b, v);
+    }
+    for (name, dims, ty) in tensors {
+        s(&mut b, name);
+        b.extend((dims.len() as u32).to_le_bytes());
+        dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+        b.extend(ty.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+    }
+    b.resize(b.len().div_ceil(32) * 32 + 4096, 0);
+    b
+}
+
+fn open_error(bytes: &[u8], name: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    let err = kvgpt::load_as(&files, WeightType::F32).err().expect("refused").to_string();
+    assert!(!err.contains("safetensors file"), "a GGUF is not called a safetensors file: {err}");
+    err
+}
+
+/// GGUFs kvgpt cannot run are named as GGUFs, with their ggml type or architecture by name, and a
+/// missing `x.gguf` is a missing file, not a Hub lookup.
+#[test]
+fn bad_ggufs_are_named_as_ggufs_with_their_type_and_architecture() {
+    let whole = std::fs::read(gguf("q8_0")).unwrap();
+    let e = open_error(&whole[..100], "cut-header.gguf");
+    assert!(e.contains("not a valid GGUF file") && e.contains("ends too soon"), "{e}");
+    let e = open_error(&whole[..3_000_000], "cut-data.gguf");
+    assert!(e.contains("not a valid GGUF file") && e.contains("beyond the end of the file"), "{e}");
+    let e = open_error(
+        &handmade_gguf(&[("general.architecture", "gpt2")], &[("token_embd.weight", &[256, 4], 12)]),
+        "k.gguf",
+    );
+    assert!(e.contains("`token_embd.weight` is Q4_K (ggml type 12)") && e.contains("Q8_0"), "{e}");
+    let e = open_error(&handmade_gguf(&[("general.architecture", "llama")], &[]), "llama.gguf");
+    assert!(e.contains("a `llama` model") && e.contains("GPT-2"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.gguf");
+    for spec in [missing.to_str().unwrap(), "nope.gguf"] {
+        match kvgpt::Locate::from_env(true).resolve(spec) {
+            Err(kvgpt::Error::MissingFile { path, .. }) => assert_eq!(path, std::path::Path::new(spec)),
+            other => panic!("{spec}: {:?}", other.err().map(|e| e.to_string())),
+        }
+    }
+}

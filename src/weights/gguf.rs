@@ -149,22 +149,23 @@ impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf> {
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        let corrupt = |reason: String| Error::CorruptWeights { file: path.into(), reason };
+        let corrupt = |reason: String| Error::CorruptGguf { file: path.into(), reason };
         // The header is the tokenizer's metadata and the tensor list: read up to 16 MiB.
         let mut head = vec![0u8; len.min(16 << 20) as usize];
         read_at(&f, &mut head, 0).map_err(|e| Error::io(path, e))?;
         let mut c = Cursor { b: &head, at: 0 };
-        let parse = |c: &mut Cursor| -> std::result::Result<_, String> {
+        let unsupported = |reason: String| Error::UnsupportedGguf { file: path.into(), reason };
+        let parse = |c: &mut Cursor| -> std::result::Result<_, Bad> {
             if c.take(4)? != MAGIC {
-                return Err("it does not start with GGUF".into());
+                return Err("it does not start with GGUF".to_string().into());
             }
             let version = c.u32()?;
             if !(2..=3).contains(&version) {
-                return Err(format!("GGUF version {version} (kvgpt reads 2 and 3)"));
+                return Err(Bad::Unsupported(format!("it is GGUF version {version}; kvgpt reads versions 2 and 3")));
             }
             let (n_tensors, n_kv) = (c.u64()?, c.u64()?);
             if n_tensors > MAX_TENSORS || n_kv > MAX_TENSORS {
-                return Err(format!("{n_tensors} tensors and {n_kv} metadata keys"));
+                return Err(format!("{n_tensors} tensors and {n_kv} metadata keys").into());
             }
             let mut meta = BTreeMap::new();
             for _ in 0..n_kv {
@@ -177,23 +178,30 @@ impl Gguf {
                 let name = c.string()?;
                 let nd = c.u32()?;
                 if nd > 4 {
-                    return Err(format!("tensor `{name}` has {nd} dimensions"));
+                    return Err(format!("tensor `{name}` has {nd} dimensions").into());
                 }
                 let dims = (0..nd).map(|_| c.u64().map(|d| d as usize)).collect::<std::result::Result<Vec<_>, _>>()?;
                 let t = c.u32()?;
                 let kind = Kind::of(t).ok_or_else(|| {
-                    format!("tensor `{name}` has ggml type {t}; kvgpt reads F32, F16, BF16 and Q8_0 GGUFs")
+                    Bad::Unsupported(format!(
+                        "tensor `{name}` is {}, which kvgpt does not read; it reads F32, F16, BF16 and Q8_0 GGUFs \
+                         (convert_hf_to_gguf.py --outtype f32, f16, bf16 or q8_0 writes one)",
+                        ggml_type_name(t)
+                    ))
                 })?;
                 let offset = c.u64()?;
                 tensors.insert(name, TensorInfo { dims, kind, offset });
             }
             Ok((meta, tensors))
         };
-        let (meta, tensors) = parse(&mut c).map_err(corrupt)?;
+        let (meta, tensors) = parse(&mut c).map_err(|e| match e {
+            Bad::Corrupt(r) => corrupt(r),
+            Bad::Unsupported(r) => unsupported(r),
+        })?;
         let align = match meta.get("general.alignment") {
             Some(Value::Int(a)) if *a > 0 && *a <= 1 << 16 => *a as u64,
             None => 32,
-            Some(v) => return Err(corrupt(format!("general.alignment is {v:?}"))),
+            Some(v) => return Err(corrupt(format!("general.alignment is {}", describe(Some(v))))),
         };
         let data_start = (c.at as u64).div_ceil(align) * align;
         for (name, t) in &tensors {
@@ -210,7 +218,7 @@ impl Gguf {
     fn int(&self, key: &str) -> Result<usize> {
         match self.meta.get(key) {
             Some(Value::Int(v)) if *v >= 0 && *v <= u32::MAX as i128 => Ok(*v as usize),
-            other => Err(self.bad(format!("{key} is {other:?}, not a count"))),
+            other => Err(self.bad(format!("{key} is {}, not a count", describe(other)))),
         }
     }
 
@@ -235,11 +243,21 @@ impl Gguf {
     pub fn config(&self) -> Result<Config> {
         match self.meta.get("general.architecture") {
             Some(Value::Str(a)) if a == "gpt2" => {}
-            other => return Err(self.bad(format!("general.architecture is {other:?}; kvgpt runs gpt2"))),
+            Some(Value::Str(a)) => {
+                return Err(Error::UnsupportedGguf {
+                    file: self.file.clone(),
+                    reason: format!(
+                        "this GGUF holds a `{a}` model (general.architecture); kvgpt runs GPT-2 models (gpt2)"
+                    ),
+                })
+            }
+            _ => return Err(self.bad("general.architecture is missing or not a string; kvgpt runs gpt2".into())),
         }
         let eps = match self.meta.get("gpt2.attention.layer_norm_epsilon") {
             Some(Value::Float(e)) => *e,
-            other => return Err(self.bad(format!("gpt2.attention.layer_norm_epsilon is {other:?}"))),
+            other => {
+                return Err(self.bad(format!("gpt2.attention.layer_norm_epsilon is {}, not a number", describe(other))))
+            }
         };
         let json = serde_json::json!({
             "model_type": "gpt2",
@@ -262,7 +280,9 @@ impl Gguf {
         match self.meta.get("tokenizer.ggml.model") {
             Some(Value::Str(m)) if m == "gpt2" => {}
             other => {
-                return Err(self.bad(format!("tokenizer.ggml.model is {other:?}; kvgpt reads gpt2 (byte-level BPE)")))
+                return Err(
+                    self.bad(format!("tokenizer.ggml.model is {}; kvgpt reads gpt2 (byte-level BPE)", describe(other)))
+                )
             }
         }
         let tokens = self.strings("tokenizer.ggml.tokens")?;
@@ -412,11 +432,86 @@ impl Gguf {
                 .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
                 .is_some_and(|i| i >= cfg.n_layer)
         }) {
-            return Err(Error::CorruptWeights {
+            return Err(Error::CorruptGguf {
                 file: self.file.clone(),
                 reason: format!("it holds `{extra}`, a block beyond the metadata's block_count of {}", cfg.n_layer),
             });
         }
         Ok(())
+    }
+}
+
+/// Why a GGUF header cannot be read: it is damaged, or it is sound but of a kind kvgpt does not
+/// read.
+enum Bad {
+    Corrupt(String),
+    Unsupported(String),
+}
+
+impl From<String> for Bad {
+    fn from(s: String) -> Bad {
+        Bad::Corrupt(s)
+    }
+}
+
+/// ggml's name of tensor type `t` (its `ggml_type` numbering), as llama.cpp prints it.
+fn ggml_type_name(t: u32) -> String {
+    const NAMES: [&str; 40] = [
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
+    ];
+    match NAMES.get(t as usize) {
+        Some(n) => format!("{n} (ggml type {t})"),
+        None => format!("ggml type {t}, which this kvgpt does not know"),
+    }
+}
+
+/// A metadata value as an error message shows it.
+fn describe(v: Option<&Value>) -> String {
+    match v {
+        None => "missing".into(),
+        Some(Value::Int(i)) => i.to_string(),
+        Some(Value::Float(x)) => x.to_string(),
+        Some(Value::Bool(b)) => b.to_string(),
+        Some(Value::Str(s)) => format!("`{s}`"),
+        Some(Value::Array(a)) => format!("a list of {} values", a.len()),
     }
 }
