@@ -326,6 +326,10 @@ fn a_client_that_disconnects_frees_its_slot_and_sigterm_drains() {
     }
     let generated = s.metric("kvgpt_generated_tokens_total");
     assert!(generated < 800.0, "the cancelled choices did not all run ({generated} tokens)");
+    // The choices still waiting when the client left never start (on main before issue #17 every
+    // one was admitted, prefilled and sampled once).
+    let started = s.metric("kvgpt_time_to_first_token_seconds_count");
+    assert!(started <= 2.0, "{started} of 8 choices started although the client had left");
     // The slot is free: the next request is served.
     assert_eq!(s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
     // SIGTERM while a stream is in flight: the stream still ends with [DONE], then the process exits 0.

@@ -22,20 +22,28 @@ pub struct Ended {
 }
 
 /// Drives one sequence's events to its end, handing each delta to `on_delta` (false: the
-/// receiver went away; the sequence is then cancelled by dropping `events`). Errors are the
-/// engine's.
+/// receiver went away). When the receiver goes away, or `gone` resolves (the client left while
+/// the sequence still waits for a slot or its prompt), the sequence is cancelled by dropping
+/// `events`. Errors are the engine's.
 pub async fn drive(
     tok: &Tokenizer,
     eos: u32,
     engine: &EngineHandle,
     mut events: Events,
     stops: Vec<String>,
+    gone: impl std::future::Future<Output = ()>,
     mut on_delta: impl FnMut(Delta) -> bool,
 ) -> Result<Option<Ended>, String> {
     let mut text = TextStream::new(tok, Some(eos), stops);
     let mut completion_tokens = 0;
     let mut started = None;
-    while let Some(ev) = events.recv().await {
+    tokio::pin!(gone);
+    loop {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            () = &mut gone => return Ok(None),
+        };
+        let Some(ev) = ev else { break };
         match ev {
             Event::Started { cached_tokens, queue, prompt_time } => started = Some((cached_tokens, queue, prompt_time)),
             Event::Token { id, logprob } => {

@@ -30,7 +30,8 @@ pub async fn collect(app: &Shared, job: Job) -> ApiResult<Value> {
         let mut tokens: Vec<(u32, TokenLogprob)> = vec![];
         let mut stops = params.stop.clone();
         stops.dedup();
-        let end = drive(&r.tok, r.eos, &r.engine, events, stops, |d: Delta| {
+        // A client that leaves drops this whole future, and with it every choice's events.
+        let end = drive(&r.tok, r.eos, &r.engine, events, stops, std::future::pending(), |d: Delta| {
             text.push_str(&d.text);
             if let Some((id, Some(lp))) = d.token {
                 tokens.push((id, lp));
@@ -93,7 +94,10 @@ pub fn stream(app: Shared, job: Job) -> Response {
                 }
                 let mut offset = 0;
                 let mut leading = ep.trims_start();
-                let res = drive(&r.tok, r.eos, &r.engine, events, params.stop.clone(), |d: Delta| {
+                // The stream's body going away (the client left) cancels this choice too while it
+                // still waits for a slot, when it has no token to fail to send.
+                let gone = tx.clone();
+                let res = drive(&r.tok, r.eos, &r.engine, events, params.stop.clone(), gone.closed(), |d: Delta| {
                     let mut text = d.text;
                     if leading {
                         text = text.trim_start().to_string();
