@@ -375,3 +375,42 @@ fn every_sequence_ends_with_its_reason_and_only_a_client_that_leaves_is_cancelle
     assert_eq!(s.metric("kvgpt_sequences_cancelled_total"), 0.0, "a stop is not a cancellation");
     assert_eq!(s.metric(&finished("cancelled")), 0.0);
 }
+
+/// Sends `method path` with a 4 MiB body over a raw connection, writing all of it before reading:
+/// the response as text, or a panic if the server reset the connection.
+fn upload(base: &str, method: &str, path: &str, key: Option<&str>) -> String {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    let body = vec![b'x'; 4 << 20]; // within the drain bound: 8 × the default 1 MiB limit
+    let auth = key.map(|k| format!("Authorization: Bearer {k}\r\n")).unwrap_or_default();
+    write!(
+        c,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n{auth}Connection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    c.write_all(&body).expect("the server takes the whole body");
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).expect("the response, not a reset");
+    resp
+}
+
+/// Errors answered without the body (a wrong key, no such endpoint, a wrong method) still read
+/// it, bounded as an oversized body is, so a client still uploading sees the status and the
+/// error object instead of a reset connection.
+#[test]
+fn errors_sent_before_the_body_is_read_reach_a_client_still_uploading() {
+    let open = Server::start(&[]);
+    let locked = Server::start(&["--api-key", "sesame"]);
+    for (s, method, path, key, status, code) in [
+        (&locked, "POST", "/v1/completions", None, "401", "invalid_api_key"),
+        (&locked, "POST", "/v1/completions", Some("wrong"), "401", "invalid_api_key"),
+        (&open, "POST", "/v1/nothing", None, "404", "not_found"),
+        (&open, "PUT", "/v1/completions", None, "405", "method_not_allowed"),
+    ] {
+        let resp = upload(&s.base, method, path, key);
+        assert!(resp.starts_with(&format!("HTTP/1.1 {status}")), "{method} {path}: {resp}");
+        assert!(resp.contains(&format!("\"code\":\"{code}\"")), "{method} {path}: {resp}");
+    }
+    assert_eq!(open.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
+}

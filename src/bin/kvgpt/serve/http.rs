@@ -58,6 +58,7 @@ async fn check_key(app: &App, req: HttpRequest, next: Next) -> Response {
             .and_then(|v| v.strip_prefix("Bearer "))
             .is_some_and(|k| k == key);
         if !ok && req.uri().path() != "/health" {
+            drain(app, req.into_body()).await;
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
@@ -70,7 +71,10 @@ async fn check_key(app: &App, req: HttpRequest, next: Next) -> Response {
     next.run(req).await
 }
 
-pub async fn not_found(req: HttpRequest) -> ApiError {
+pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError {
+    let (parts, body) = req.into_parts();
+    drain(&app, body).await;
+    let req = HttpRequest::from_parts(parts, Body::empty());
     ApiError::new(
         StatusCode::NOT_FOUND,
         "invalid_request_error",
@@ -86,14 +90,16 @@ pub async fn not_found(req: HttpRequest) -> ApiError {
 
 /// Where an endpoint exists but not for this method: 405 with an error object (axum's own has an
 /// empty body) that says which method each endpoint takes.
-pub async fn method_not_allowed(req: HttpRequest) -> ApiError {
-    let path = req.uri().path();
+pub async fn method_not_allowed(State(app): State<Shared>, req: HttpRequest) -> ApiError {
+    let (parts, body) = req.into_parts();
+    drain(&app, body).await;
+    let path = parts.uri.path();
     let method = if ["/health", "/v1/models", "/metrics"].contains(&path) { "GET" } else { "POST" };
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         "method_not_allowed",
-        format!("{path} does not take {}; send it as {method}", req.method()),
+        format!("{path} does not take {}; send it as {method}", parts.method),
     )
 }
 
@@ -110,6 +116,21 @@ pub fn ready(app: &App) -> ApiResult<&Ready> {
 /// 413 goes out: a socket closed with unread bytes is reset, and the client would see a broken
 /// connection instead of the error.
 const DRAIN_FACTOR: usize = 8;
+
+/// Reads and drops a body that an error answers without looking at (a wrong key, no such
+/// endpoint or method), up to the same bound as an oversized one: a client still uploading then
+/// sees the status, not a reset.
+async fn drain(app: &App, body: Body) {
+    use tokio_stream::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut seen = 0usize;
+    while let Some(Ok(chunk)) = stream.next().await {
+        seen = seen.saturating_add(chunk.len());
+        if seen > app.max_body.saturating_mul(DRAIN_FACTOR) {
+            break;
+        }
+    }
+}
 
 /// Reads the body, at most `max_body` bytes (413 beyond), as a JSON object.
 pub async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<String, Value>> {
