@@ -246,7 +246,8 @@ def main():
 
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
     cli = Cli(a.kvgpt, a.model)
-    model = a.model
+    # The served name: the folder's name (the --model path is the server's business).
+    model = os.path.basename(os.path.normpath(a.model))
     checks = Checks()
     greedy = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
     state = {}

@@ -216,6 +216,9 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
         ("/v1/completions", json!({"prompt": [1, 99999999]}).to_string(), 400, Some("prompt"), None),
         ("/v1/completions", json!({"prompt": [50257]}).to_string(), 400, Some("prompt"), None),
         ("/v1/completions", json!({"prompt": "x", "stream": "yes"}).to_string(), 400, Some("stream"), None),
+        // A misspelt field is refused, not ignored with the default left in place.
+        ("/v1/completions", json!({"prompt": "x", "max_token": 5}).to_string(), 400, Some("max_token"), None),
+        ("/v1/chat/completions", json!({"messages": [], "prompt": "x"}).to_string(), 400, Some("prompt"), None),
         (
             "/v1/completions",
             json!({"prompt": long, "max_tokens": 50}).to_string(),
@@ -413,4 +416,37 @@ fn errors_sent_before_the_body_is_read_reach_a_client_still_uploading() {
         assert!(resp.contains(&format!("\"code\":\"{code}\"")), "{method} {path}: {resp}");
     }
     assert_eq!(open.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
+}
+
+/// No silent defaults: without a seed each sampled request draws its own, and says which, so the
+/// answer can be asked for again; `/v1/models` shows the model's name, not the server's path,
+/// which requests may still give.
+#[test]
+fn an_unseeded_request_draws_its_seed_and_reports_it_and_the_model_has_a_name() {
+    let s = Server::start(&[]);
+    let (_, models) = s.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-gpt2");
+    let ask = |extra: Value| {
+        let mut body = json!({"prompt": "The cat sat on", "max_tokens": 8, "temperature": 1, "ignore_eos": true});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        s.complete(&body)
+    };
+    let (a, b) = (ask(json!({})), ask(json!({"model": fixture_dir().display().to_string()})));
+    assert_ne!(a["seed"], b["seed"], "each unseeded request draws its own seed");
+    assert_ne!(a["choices"][0]["text"], b["choices"][0]["text"], "so temperature 1 does not repeat itself");
+    assert_eq!(a["model"], "tiny-gpt2");
+    let again = ask(json!({"seed": a["seed"]}));
+    assert_eq!(again["choices"][0]["text"], a["choices"][0]["text"], "the reported seed gives the answer again");
+    let cli = generate(&[
+        "-n",
+        "8",
+        "--ignore-eos",
+        "--temperature",
+        "1",
+        "--seed",
+        &a["seed"].to_string(),
+        "The cat sat on",
+    ]);
+    assert_eq!(cli["text"], a["choices"][0]["text"], "and so does `kvgpt generate --seed`");
 }

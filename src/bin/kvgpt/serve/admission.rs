@@ -26,7 +26,7 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
     let r = ready(app)?;
     let params = ep.params(&body_object(app, body).await?)?;
     if let Some(m) = &params.model {
-        if m != &r.name && m != "kvgpt" {
+        if m != &r.name && !r.aliases.contains(m) {
             let mut e = ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",

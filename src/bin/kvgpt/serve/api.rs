@@ -130,6 +130,46 @@ fn num(m: &Map<String, Value>, key: &str) -> ApiResult<Option<f32>> {
     Ok(Some(x as f32))
 }
 
+/// A seed from the process's random hasher keys (std's per-instance random state), in the range
+/// the `seed` field takes.
+fn draw_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new().build_hasher().finish() >> 1
+}
+
+/// The fields both endpoints take; `user` (OpenAI's end-user tag) and `cache_prompt` (llama.cpp's;
+/// the prompt cache is always on) are accepted and change nothing.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "best_of",
+    "stream",
+    "stream_options",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "user",
+    "cache_prompt",
+];
+
+/// Refuses a field neither endpoint nor `extra` knows, as OpenAI does: a misspelt `max_token`
+/// must not silently leave the default in place.
+fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
+    if let Some(k) = m.keys().find(|k| !COMMON_FIELDS.contains(&k.as_str()) && !extra.contains(&k.as_str())) {
+        let mut all: Vec<&str> = COMMON_FIELDS.iter().chain(extra).copied().collect();
+        all.sort_unstable();
+        return Err(ApiError::bad(k, format!("unknown field `{k}`; this endpoint takes {}", all.join(", "))));
+    }
+    Ok(())
+}
+
 /// The sampler the fields ask for, checked by the library's one rule ([`Sampling::check`]).
 fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
     let s = Sampling {
@@ -137,7 +177,8 @@ fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
         top_p: num(m, "top_p")?.filter(|&p| p != 1.0),
         // vLLM's convention: -1 (or 0) means no top-k.
         top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.filter(|&k| k > 0).map(|k| k as usize),
-        seed: int(m, "seed", 0, i64::MAX)?.unwrap_or(0) as u64,
+        // No seed: one drawn for this request (reported in the response, so it can be repeated).
+        seed: int(m, "seed", 0, i64::MAX)?.map_or_else(draw_seed, |s| s as u64),
         // HF's repetition penalty, as vLLM and TGI accept it beside the OpenAI fields.
         repetition_penalty: num(m, "repetition_penalty")?.unwrap_or(1.0),
         presence_penalty: num(m, "presence_penalty")?.unwrap_or(0.0),
@@ -264,6 +305,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
 
 /// `/v1/completions`.
 pub fn completion(m: &Map<String, Value>) -> ApiResult<Params> {
+    known_fields(m, &["prompt", "echo", "logprobs"])?;
     let mut p = common(m, prompts(m)?, "max_tokens")?;
     p.echo = boolean(m, "echo")?;
     p.logprobs = int(m, "logprobs", 0, MAX_LOGPROBS as i64)?.map(|k| k as usize);
@@ -285,6 +327,7 @@ pub struct Message {
 
 /// `/v1/chat/completions`: the messages rendered with [`chat_template`].
 pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
+    known_fields(m, &["messages", "max_completion_tokens", "logprobs", "top_logprobs"])?;
     let msgs = field(m, "messages").ok_or_else(|| ApiError::bad("messages", "`messages` is required"))?;
     let arr = msgs
         .as_array()

@@ -19,7 +19,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// What the server knows once the model is loaded.
 pub struct Ready {
     pub tok: Tokenizer,
+    /// The name `/v1/models` shows and responses carry (`--served-model-name`).
     pub name: String,
+    /// Other names a request's `model` may give: `kvgpt` and the `--model` argument.
+    pub aliases: Vec<String>,
     pub n_positions: usize,
     pub vocab: usize,
     pub eos: u32,

@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// Rows per forward step: decode rows first, then prompt chunks.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_tokens: u16,
+    /// The model's name in `/v1/models` and in responses (default: the model folder's or file's
+    /// name, or the hub id). Requests may also name it `kvgpt` or by the `--model` argument.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
     /// Largest request body in bytes (larger: 413).
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
@@ -141,7 +145,8 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     );
     let ready = Ready {
         tok: loaded.tokenizer,
-        name: loaded.files.name.clone(),
+        name: a.served_model_name.clone().unwrap_or_else(|| served_name(&a.model.model)),
+        aliases: vec!["kvgpt".into(), a.model.model.clone()],
         n_positions: cfg.n_positions,
         vocab: cfg.vocab_size,
         eos: cfg.eos_token_id,
@@ -156,6 +161,17 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let _ = engine_thread.join();
     errln!("kvgpt serve: drained, exiting");
     served.context("the server stopped")
+}
+
+/// The default served name: a local folder's or file's name (without `.gguf`), a hub id as it is
+/// (`--model` is a server-side path, which clients need not see).
+fn served_name(spec: &str) -> String {
+    let path = std::path::Path::new(spec);
+    if !path.exists() {
+        return spec.to_string();
+    }
+    let name = if path.is_file() { path.file_stem() } else { path.file_name() };
+    name.map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 async fn shutdown_signal() {

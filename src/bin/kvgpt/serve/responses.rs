@@ -48,7 +48,7 @@ pub async fn collect(app: &Shared, job: Job) -> ApiResult<Value> {
     let usage = usage_json(&usage_of(params.n, &prompt_ids, &ended));
     app.metrics.request_seconds(started.elapsed());
     Ok(
-        json!({"id": id, "object": ep.object(), "created": now_secs(), "model": r.name, "choices": choices, "usage": usage}),
+        json!({"id": id, "object": ep.object(), "created": now_secs(), "model": r.name, "seed": params.sampling.seed, "choices": choices, "usage": usage}),
     )
 }
 
@@ -58,6 +58,8 @@ struct Chunks {
     id: String,
     created: u64,
     model: String,
+    /// The first choice's seed (given or drawn), so a sampled answer can be asked for again.
+    seed: u64,
 }
 
 impl Chunks {
@@ -67,7 +69,7 @@ impl Chunks {
     }
 
     fn data(&self, choices: Value, usage: Option<Value>) -> SseEvent {
-        let mut v = json!({"id": self.id, "object": self.ep.chunk_object(), "created": self.created, "model": self.model, "choices": choices});
+        let mut v = json!({"id": self.id, "object": self.ep.chunk_object(), "created": self.created, "model": self.model, "seed": self.seed, "choices": choices});
         if let Some(u) = usage {
             v["usage"] = u;
         }
@@ -81,7 +83,8 @@ pub fn stream(app: Shared, job: Job) -> Response {
     tokio::spawn(async move {
         let Some(r) = app.ready.get() else { return };
         let Job { ep, id, params, prompt_ids, prompt_texts, seqs, started } = job;
-        let chunks = Arc::new(Chunks { ep, id, created: now_secs(), model: r.name.clone() });
+        let seed = params.sampling.seed;
+        let chunks = Arc::new(Chunks { ep, id, created: now_secs(), model: r.name.clone(), seed });
         let mut tasks = vec![];
         for (k, events) in seqs.into_iter().enumerate() {
             let (tx, params, chunks, app) = (tx.clone(), params.clone(), chunks.clone(), app.clone());
