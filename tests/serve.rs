@@ -311,6 +311,24 @@ fn api_key_is_required_when_set() {
     assert_eq!(s.get("/metrics").0, 401);
 }
 
+/// The key can stay out of the process's arguments (which every local user can read in /proc):
+/// from `KVGPT_API_KEY`, or from the first line of a file.
+#[test]
+fn the_api_key_comes_from_the_environment_or_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key");
+    std::fs::write(&file, "from-a-file\n").unwrap();
+    let body = json!({"prompt": "x", "max_tokens": 2}).to_string();
+    for (s, key) in [
+        (Server::start_with_env(&[], &[("KVGPT_API_KEY", "from-the-env")]), "from-the-env"),
+        (Server::start(&["--api-key-file", file.to_str().unwrap()]), "from-a-file"),
+    ] {
+        assert_eq!(s.post_raw("/v1/completions", &body, None).0, 401);
+        assert_eq!(s.post_raw("/v1/completions", &body, Some("from-the-en")).0, 401, "a prefix is not the key");
+        assert_eq!(s.post_raw("/v1/completions", &body, Some(key)).0, 200);
+    }
+}
+
 #[test]
 fn a_client_that_disconnects_frees_its_slot_and_sigterm_drains() {
     let s = Server::start(&["--parallel", "1"]);

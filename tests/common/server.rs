@@ -13,10 +13,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
+        Server::start_with_env(extra, &[])
+    }
+
+    /// As [`Server::start`], with these environment variables set.
+    pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let model = fixture_dir().display().to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
             .args(["serve", "--model", &model, "--port", "0", "-t", "2"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

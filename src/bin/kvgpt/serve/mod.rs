@@ -52,9 +52,13 @@ pub struct ServeArgs {
     /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
     pub max_queue: u32,
-    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
-    #[arg(long)]
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health. A flag is visible to
+    /// every local user (in /proc); prefer `KVGPT_API_KEY` or --api-key-file.
+    #[arg(long, env = "KVGPT_API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
     pub api_key: Option<String>,
+    /// Read the API key from this file (its first line).
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
     /// Rows per forward step: decode rows first, then prompt chunks.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
     pub batch_tokens: u16,
@@ -83,7 +87,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     errln!("kvgpt serve: listening on http://{local} (loading the model; /health answers 503 until it is ready)");
     let app = Arc::new(App {
         ready: OnceLock::new(),
-        api_key: a.api_key.clone(),
+        api_key: api_key(a)?,
         max_body: a.max_body_bytes,
         metrics: metrics::Metrics::new()?,
         started: http::now_secs(),
@@ -161,6 +165,18 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let _ = engine_thread.join();
     errln!("kvgpt serve: drained, exiting");
     served.context("the server stopped")
+}
+
+/// The API key, from the flag, `KVGPT_API_KEY` or the first line of --api-key-file.
+fn api_key(a: &ServeArgs) -> Result<Option<String>> {
+    let Some(file) = &a.api_key_file else { return Ok(a.api_key.clone()) };
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("could not read the API key file {}", file.display()))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        anyhow::bail!("the API key file {} is empty; put the key on its first line", file.display());
+    }
+    Ok(Some(key.to_string()))
 }
 
 /// The default served name: a local folder's or file's name (without `.gguf`), a hub id as it is
