@@ -26,13 +26,7 @@ impl Sequence {
     /// the model's positions.
     pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Result<Sequence> {
         let cfg = &model.config;
-        if prompt.is_empty() {
-            return Err(Error::Invalid("the prompt has no tokens".into()));
-        }
-        check_context(model, prompt.len(), max_new)?;
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= cfg.vocab_size) {
-            return Err(Error::BadTokenId { id, vocab: cfg.vocab_size });
-        }
+        check_prompt(model, prompt, max_new)?;
         let capacity = prompt.len() + max_new.saturating_sub(1);
         let mut ids = Vec::with_capacity(prompt.len() + max_new);
         ids.extend_from_slice(prompt);
@@ -156,6 +150,20 @@ impl Sequence {
         }
         self.cache.append_span(span, from, to)
     }
+}
+
+/// Checks what [`Sequence::new`] needs of a prompt: tokens, each in the vocabulary, and room for
+/// `max_new` more in the model's positions.
+pub fn check_prompt(model: &Model, prompt: &[u32], max_new: usize) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    if prompt.is_empty() {
+        return Err(Error::Invalid("the prompt has no tokens".into()));
+    }
+    check_context(model, prompt.len(), max_new)?;
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(Error::BadTokenId { id, vocab });
+    }
+    Ok(())
 }
 
 /// Checks that the prompt and the new tokens fit the model's positions. The last new token is

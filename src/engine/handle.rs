@@ -6,7 +6,7 @@ use super::request::{CancelReason, Events, Request, SeqId, SubmitError};
 use super::slot::Waiting;
 use crate::error::Error;
 use crate::model::Model;
-use crate::sequence::check_context;
+use crate::sequence::check_prompt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
@@ -82,14 +82,7 @@ impl EngineHandle {
     }
 
     fn check(&self, r: &Request) -> Result<(), Error> {
-        let vocab = self.model.config.vocab_size;
-        if r.prompt.is_empty() {
-            return Err(Error::Invalid("the prompt has no tokens".into()));
-        }
-        if let Some(&id) = r.prompt.iter().find(|&&id| id as usize >= vocab) {
-            return Err(Error::BadTokenId { id, vocab });
-        }
         r.sampling.check().map_err(|e| Error::Invalid(e.to_string()))?;
-        check_context(&self.model, r.prompt.len(), r.max_new_tokens)
+        check_prompt(&self.model, &r.prompt, r.max_new_tokens)
     }
 }

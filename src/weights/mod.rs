@@ -2,6 +2,7 @@
 //! same names (the table in [`names`]) and layouts, each tensor converted to f32 and checked.
 
 pub mod gguf;
+mod gguf_header;
 pub mod names;
 mod read;
 pub mod safetensors;
