@@ -54,7 +54,7 @@ server=$!
 # The port, from the first line on stderr.
 port=
 for _ in $(seq $((READY_TIMEOUT_S * 10))); do
-    port=$(sed -n 's|^kvgpt serve: listening on http://127\.0\.0\.1:\([0-9][0-9]*\).*|\1|p' "$log" | head -n 1)
+    port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9][0-9]*\).*|\1|p' "$log" | head -n 1)
     [[ -n $port ]] && break
     kill -0 "$server" 2>/dev/null || break
     sleep 0.1

@@ -4,11 +4,14 @@ use super::fixture_dir;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub struct Server {
     pub child: Child,
     pub base: String,
+    /// Every line the server wrote to stderr so far.
+    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -35,9 +38,11 @@ impl Server {
                 break rest.split_whitespace().next().unwrap().to_string();
             }
         };
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        let s = Server { child, base };
+        // Keep draining stderr so the server never blocks on it, and keep the lines.
+        let log = Arc::new(Mutex::new(vec![]));
+        let kept = log.clone();
+        std::thread::spawn(move || lines.map_while(Result::ok).for_each(|l| kept.lock().unwrap().push(l)));
+        let s = Server { child, base, log };
         let t0 = Instant::now();
         while s.get("/health").0 != 200 {
             assert!(t0.elapsed() < Duration::from_secs(60), "the server did not become ready");
@@ -104,6 +109,18 @@ impl Server {
             .filter(|l| l.starts_with(name) && !l.starts_with('#'))
             .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
             .sum()
+    }
+
+    /// Waits (up to 10 s) until `n` logged lines satisfy `pred`, and returns them.
+    pub fn log_lines(&self, n: usize, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        let t0 = Instant::now();
+        loop {
+            let got: Vec<String> = self.log.lock().unwrap().iter().filter(|l| pred(l)).cloned().collect();
+            if got.len() >= n || t0.elapsed() > Duration::from_secs(10) {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn terminate(mut self) -> std::process::ExitStatus {

@@ -1,13 +1,15 @@
 //! Admission: parse the body, tokenize the prompts, check them against the context, and submit
 //! every sequence (prompt × choice) to the engine at once.
 
+use super::access::Tally;
 use super::api::{ApiError, ApiResult, Params, Prompt};
 use super::endpoint::Endpoint;
-use super::http::{body_object, ready, Shared};
+use super::http::{body_object, offload, ready, Ready, Shared};
 use axum::body::Body;
 use axum::http::StatusCode;
 use kvgpt::engine::{Events, Request, SubmitError};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A request split into sequences: prompt `i`, choice `j` is `seqs[i * n + j]`.
@@ -19,12 +21,14 @@ pub struct Job {
     pub prompt_texts: Vec<String>,
     pub seqs: Vec<Events>,
     pub started: Instant,
+    /// What the request's log line reports, filled in as its sequences finish.
+    pub tally: Arc<Tally>,
 }
 
 /// Parses, checks every limit, and submits the sequences.
-pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
+pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) -> ApiResult<Job> {
     let r = ready(app)?;
-    let params = ep.params(&body_object(app, body).await?)?;
+    let mut params = ep.params(&body_object(app, body).await?)?;
     if let Some(m) = &params.model {
         if m != &r.name && !r.aliases.contains(m) {
             let mut e = ApiError::new(
@@ -37,26 +41,14 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
             return Err(e);
         }
     }
+    let prompts = std::mem::take(&mut params.prompts);
+    let app_ = app.clone();
+    let tokenized: Vec<(Vec<u32>, String)> =
+        offload(move || prompts.into_iter().map(|p| tokenize(ready(&app_)?, p)).collect()).await?;
     let mut prompt_ids = vec![];
     let mut prompt_texts = vec![];
     let mut reqs = vec![];
-    for p in &params.prompts {
-        let (mut ids, text) = match p {
-            Prompt::Text(t) => {
-                // A long text takes a while to tokenize: off the async worker's hot loop.
-                let ids = tokio::task::block_in_place(|| r.tok.encode(t));
-                (ids.map_err(|e| ApiError::bad("prompt", e.to_string()))?, t.clone())
-            }
-            Prompt::Ids(ids) => {
-                if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
-                    return Err(ApiError::bad(
-                        "prompt",
-                        format!("token id {id} is outside the vocabulary of {}", r.vocab),
-                    ));
-                }
-                (ids.clone(), r.tok.decode(ids))
-            }
-        };
+    for (mut ids, text) in tokenized {
         if ids.is_empty() {
             ids.push(r.eos); // an empty prompt starts from <|endoftext|>, as `kvgpt generate` does
         }
@@ -88,7 +80,21 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Job> {
         }
     })?;
     let id = format!("{}-{}-{}", ep.id_prefix(), app.started, app.next_id.fetch_add(1, Ordering::Relaxed));
-    Ok(Job { ep, id, params, prompt_ids, prompt_texts, seqs, started: now })
+    Ok(Job { ep, id, params, prompt_ids, prompt_texts, seqs, started: now, tally })
+}
+
+/// A prompt's ids and text (the text given, or the ids' decoding).
+fn tokenize(r: &Ready, p: Prompt) -> ApiResult<(Vec<u32>, String)> {
+    match p {
+        Prompt::Text(t) => Ok((r.tok.encode(&t).map_err(|e| ApiError::bad("prompt", e.to_string()))?, t)),
+        Prompt::Ids(ids) => {
+            if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
+                return Err(ApiError::bad("prompt", format!("token id {id} is outside the vocabulary of {}", r.vocab)));
+            }
+            let text = r.tok.decode(&ids);
+            Ok((ids, text))
+        }
+    }
 }
 
 /// The completion tokens of a prompt of `len` tokens, by OpenAI's rule: stricter by one than

@@ -1,12 +1,11 @@
-//! HTTP plumbing: the state the handlers share, the API key, bodies read within their limit,
-//! and the endpoints that need no engine (health, models, metrics, tokenize, detokenize).
+//! HTTP plumbing: the state the handlers share, bodies read within their limit and time, CPU
+//! work moved off the async threads, and the endpoints that need no engine (health, models, metrics, tokenize, detokenize).
 
 use super::api::{self, ApiError, ApiResult};
 use super::metrics::Metrics;
 use axum::body::Body;
-use axum::extract::{MatchedPath, Request as HttpRequest, State};
+use axum::extract::{Request as HttpRequest, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgpt::engine::EngineHandle;
@@ -32,7 +31,11 @@ pub struct Ready {
 pub struct App {
     pub ready: OnceLock<Ready>,
     pub api_key: Option<String>,
+    /// The `Host`/`Origin` names answered.
+    pub hosts: super::access::Hosts,
     pub max_body: usize,
+    /// The longest a request body may go without a byte (408 past it).
+    pub body_timeout: std::time::Duration,
     pub metrics: Metrics,
     pub started: u64,
     pub next_id: AtomicU64,
@@ -42,41 +45,6 @@ pub type Shared = Arc<App>;
 
 pub fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// Checks the API key and counts every response by endpoint and status.
-pub async fn auth(State(app): State<Shared>, req: HttpRequest, next: Next) -> Response {
-    let endpoint = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_string();
-    let resp = check_key(&app, req, next).await;
-    app.metrics.request(&endpoint, resp.status().as_u16());
-    resp
-}
-
-async fn check_key(app: &App, req: HttpRequest, next: Next) -> Response {
-    if let Some(key) = &app.api_key {
-        let ok = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|k| same_key(k.as_bytes(), key.as_bytes()));
-        if !ok && req.uri().path() != "/health" {
-            drain(app, req.into_body()).await;
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_request_error",
-                "invalid_api_key",
-                "missing or wrong API key: send `Authorization: Bearer <key>` with the key the server was started with",
-            )
-            .into_response();
-        }
-    }
-    next.run(req).await
-}
-
-/// Compares keys in time that depends only on their lengths, not on where they first differ.
-fn same_key(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError {
@@ -127,12 +95,12 @@ const DRAIN_FACTOR: usize = 8;
 
 /// Reads and drops a body that an error answers without looking at (a wrong key, no such
 /// endpoint or method), up to the same bound as an oversized one: a client still uploading then
-/// sees the status, not a reset.
-async fn drain(app: &App, body: Body) {
+/// sees the status, not a reset. A body that stalls is left unread.
+pub async fn drain(app: &App, body: Body) {
     use tokio_stream::StreamExt;
     let mut stream = body.into_data_stream();
     let mut seen = 0usize;
-    while let Some(Ok(chunk)) = stream.next().await {
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(app.body_timeout, stream.next()).await {
         seen = seen.saturating_add(chunk.len());
         if seen > app.max_body.saturating_mul(DRAIN_FACTOR) {
             break;
@@ -145,7 +113,11 @@ pub async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<Str
     use tokio_stream::StreamExt;
     let mut stream = body.into_data_stream();
     let (mut bytes, mut seen) = (Vec::new(), 0usize);
-    while let Some(chunk) = stream.next().await {
+    loop {
+        let Ok(next) = tokio::time::timeout(app.body_timeout, stream.next()).await else {
+            return Err(stalled(app, seen));
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -171,7 +143,39 @@ pub async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<Str
             retry_after: None,
         });
     }
-    api::object(&bytes)
+    if bytes.len() < OFFLOAD_BYTES {
+        return api::object(&bytes);
+    }
+    offload(move || api::object(&bytes)).await
+}
+
+/// Bodies this large are parsed off the async threads.
+const OFFLOAD_BYTES: usize = 64 << 10;
+
+/// Runs CPU work (parsing a large body, tokenizing) on the blocking pool, so the runtime's few
+/// worker threads keep answering other requests (/health among them) meanwhile.
+pub async fn offload<T: Send + 'static>(work: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal_error",
+            format!("a worker failed: {e}"),
+        ))
+    })
+}
+
+fn stalled(app: &App, seen: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "invalid_request_error",
+        "request_timeout",
+        format!(
+            "the request body stalled: no byte for {} s after {seen} bytes (the server's --body-timeout); send the \
+             whole body without pausing",
+            app.body_timeout.as_secs_f64()
+        ),
+    )
 }
 
 pub async fn health(State(app): State<Shared>) -> Response {
@@ -194,11 +198,15 @@ pub async fn metrics_text(State(app): State<Shared>) -> Response {
 }
 
 pub async fn tokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<Value>> {
-    let r = ready(&app)?;
+    ready(&app)?;
     let text = api::text_field(&body_object(&app, body).await?)?;
-    let ids = r.tok.encode(&text).map_err(|e| ApiError::bad("content", e.to_string()))?;
-    let pieces: Vec<String> = ids.iter().map(|&i| r.tok.token_text(i)).collect();
-    Ok(Json(json!({"tokens": ids, "pieces": pieces})))
+    offload(move || {
+        let r = ready(&app)?;
+        let ids = r.tok.encode(&text).map_err(|e| ApiError::bad("content", e.to_string()))?;
+        let pieces: Vec<String> = ids.iter().map(|&i| r.tok.token_text(i)).collect();
+        Ok(Json(json!({"tokens": ids, "pieces": pieces})))
+    })
+    .await
 }
 
 pub async fn detokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<Value>> {
@@ -207,5 +215,5 @@ pub async fn detokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json
     if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
         return Err(ApiError::bad("tokens", format!("token id {id} is outside the vocabulary of {}", r.vocab)));
     }
-    Ok(Json(json!({"content": r.tok.decode(&ids)})))
+    offload(move || Ok(Json(json!({"content": ready(&app)?.tok.decode(&ids)})))).await
 }

@@ -8,6 +8,10 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The routes, each counted from the start with status 200.
+pub const ENDPOINTS: &[&str] =
+    &["/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics"];
+
 const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 #[derive(Clone)]
@@ -52,6 +56,36 @@ impl Metrics {
             metrics::describe_counter!("kvgpt_prompt_cache_lookups_total", "prompt cache lookups");
             metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
             metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
+            // Present from the first scrape, at zero, so a rate() has a start.
+            for name in [
+                "kvgpt_prompt_tokens_total",
+                "kvgpt_prompt_cached_tokens_total",
+                "kvgpt_generated_tokens_total",
+                "kvgpt_prompt_cache_evictions_total",
+                "kvgpt_prompt_cache_lookups_total",
+                "kvgpt_prompt_cache_hits_total",
+            ] {
+                counter!(name).absolute(0);
+            }
+            for endpoint in ENDPOINTS {
+                counter!("kvgpt_requests_total", "endpoint" => *endpoint, "status" => "200").absolute(0);
+            }
+            for name in [
+                "kvgpt_requests_running",
+                "kvgpt_requests_waiting",
+                "kvgpt_kv_cache_bytes",
+                "kvgpt_prompt_cache_bytes",
+                "kvgpt_prompt_cache_tokens",
+            ] {
+                gauge!(name).set(0.0);
+            }
+            for name in [
+                "kvgpt_time_to_first_token_seconds",
+                "kvgpt_inter_token_latency_seconds",
+                "kvgpt_request_duration_seconds",
+            ] {
+                let _ = histogram!(name);
+            }
         });
         Ok(m)
     }
@@ -60,8 +94,12 @@ impl Metrics {
         with_local_recorder(self.recorder.as_ref(), f)
     }
 
+    /// The exposition text, in a stable order: families by name, and within a counter's or a
+    /// gauge's family the label sets by their text (the exporter's own order follows a hash
+    /// map and changes between scrapes). A histogram's lines keep their order (buckets by
+    /// `le`, then sum and count); kvgpt's histograms have no labels, so that order is stable.
     pub fn render(&self) -> String {
-        self.handle.render()
+        stable_order(&self.handle.render())
     }
 
     pub fn limits(&self, weights: usize, kv: usize, cache: usize) {
@@ -121,5 +159,54 @@ impl Monitor for EngineMonitor {
                 counter!("kvgpt_sequences_cancelled_total").increment(1);
             }
         });
+    }
+}
+
+/// Sorts the exposition text's families (blocks separated by a blank line) by name, and the
+/// sample lines of a counter or gauge family by their text.
+fn stable_order(text: &str) -> String {
+    let mut families: Vec<(String, Vec<&str>)> = text
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let lines: Vec<&str> = block.lines().filter(|l| !l.is_empty()).collect();
+            let name = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("# TYPE ").or_else(|| (!l.starts_with('#')).then_some(*l)))
+                .and_then(|l| l.split([' ', '{']).next())
+                .unwrap_or("")
+                .to_string();
+            (name, lines)
+        })
+        .collect();
+    families.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::with_capacity(text.len());
+    for (_, mut lines) in families {
+        let histogram =
+            lines.iter().any(|l| l.starts_with("# TYPE ") && (l.ends_with(" histogram") || l.ends_with(" summary")));
+        let first_sample = lines.iter().position(|l| !l.starts_with('#')).unwrap_or(lines.len());
+        if !histogram {
+            lines[first_sample..].sort_unstable();
+        }
+        for l in lines {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn families_and_label_sets_come_in_one_order() {
+        let a = "# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"2\"} 1\nb_total{x=\"1\"} 3\n\n# TYPE a gauge\na 5\n\n";
+        let b = "# TYPE a gauge\na 5\n\n# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"1\"} 3\nb_total{x=\"2\"} 1\n\n";
+        let want = "# TYPE a gauge\na 5\n\n# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"1\"} 3\nb_total{x=\"2\"} 1\n\n";
+        assert_eq!(super::stable_order(a), want);
+        assert_eq!(super::stable_order(b), want);
+        let h = "# TYPE h histogram\nh_bucket{le=\"0.5\"} 1\nh_bucket{le=\"10\"} 2\nh_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\n\n";
+        assert_eq!(super::stable_order(h), h);
     }
 }

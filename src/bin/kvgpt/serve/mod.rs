@@ -4,16 +4,20 @@
 //! request in, a stream of events out).
 //!
 //! - this file: the server's lifecycle (listen, load, start the engine, drain) and its routes;
-//! - `http`: shared state, the API key, body limits, the endpoints that need no engine;
+//! - `listen`: connections, the header deadline, the bounded drain; `access`: the host check, the
+//!   API key, counting and the log line of every request;
+//! - `http`: shared state, body limits, the endpoints that need no engine;
 //! - `admission`: parse → tokenize → context → submit;
 //! - `responses`: collect, SSE, usage; `endpoint`: what completions and chat do differently;
 //! - `api`: request bodies; `choice`: one sequence's events into text; `metrics`.
 
+mod access;
 mod admission;
 mod api;
 mod choice;
 mod endpoint;
 mod http;
+mod listen;
 mod metrics;
 mod responses;
 
@@ -24,13 +28,14 @@ use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use clap::Args;
 use endpoint::Endpoint;
 use http::{App, Ready, Shared};
 use kvgpt::engine::{self, EngineConfig};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -69,9 +74,45 @@ pub struct ServeArgs {
     /// Largest request body in bytes (larger: 413).
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// Seconds a client may take to send a request's headers (counted from when the server
+    /// waits for them, so also how long an idle kept-alive connection stays open).
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_timeout: u64,
+    /// Seconds a request body may go without a byte before the request gets 408.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_timeout: u64,
+    /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C; then their
+    /// connections are closed and their sequences cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    /// Answer requests whose `Host` (and `Origin`) names this host too (repeatable; `*`: any).
+    /// On loopback the server answers only localhost, 127.0.0.1 and [::1], a guard against DNS
+    /// rebinding; on other addresses it checks only when this is given.
+    #[arg(long, value_name = "NAME")]
+    pub allowed_host: Vec<String>,
+    /// Log lines as text or as one JSON object per line (each request gets one line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Log lines on stderr: text (ANSI colours only on a terminal) or JSON objects.
+fn init_log(format: LogFormat) {
+    use std::io::IsTerminal;
+    let fmt = tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false);
+    let _ = match format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => fmt.json().flatten_event(true).try_init(),
+    };
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
+    init_log(a.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -84,11 +125,13 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let addr = format!("{}:{}", a.host, a.port);
     let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("could not listen on {addr}"))?;
     let local = listener.local_addr()?;
-    errln!("kvgpt serve: listening on http://{local} (loading the model; /health answers 503 until it is ready)");
+    tracing::info!("listening on http://{local} (loading the model; /health answers 503 until it is ready)");
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: api_key(a)?,
+        hosts: access::Hosts::new(&a.host, &a.allowed_host),
         max_body: a.max_body_bytes,
+        body_timeout: Duration::from_secs(a.body_timeout),
         metrics: metrics::Metrics::new()?,
         started: http::now_secs(),
         next_id: AtomicU64::new(1),
@@ -103,11 +146,14 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         .route("/metrics", get(http::metrics_text))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
-        .layer(middleware::from_fn_with_state(app.clone(), http::auth))
+        .layer(middleware::from_fn_with_state(app.clone(), access::front))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(app.clone());
-    let server =
-        tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await });
+    let deadlines = listen::Deadlines {
+        header: Duration::from_secs(a.header_timeout),
+        drain: Duration::from_secs(a.shutdown_timeout),
+    };
+    let server = tokio::spawn(listen::serve(listener, router, deadlines, shutdown_signal()));
 
     // Load while the listener already answers /health with 503.
     let model_args = a.model.clone();
@@ -133,8 +179,8 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let (engine, engine_thread) = engine::spawn(model.clone(), engine_cfg, Box::new(app.metrics.monitor()), Some(pool))
         .context("could not start the engine thread")?;
     let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
-    errln!(
-        "kvgpt serve: {} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights | memory: weights \
+    tracing::info!(
+        "{} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights | memory: weights \
          {:.1} MB + K/V of {} slots ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
         loaded.files.name,
         cfg.n_positions,
@@ -158,13 +204,20 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     };
     let _ = app.ready.set(ready);
 
-    let served = server.await.context("the server task failed")?;
-    // Every connection has finished (graceful shutdown drains them); the engine finishes the rest.
+    let open = server.await.context("the server task failed")?;
+    if open > 0 {
+        tracing::warn!(
+            "closed {open} connection{} still open after --shutdown-timeout {} s, cancelling their sequences",
+            if open == 1 { "" } else { "s" },
+            a.shutdown_timeout
+        );
+    }
+    // Every connection has finished or been closed; the engine finishes the rest.
     engine.drain();
     drop(engine);
     let _ = engine_thread.join();
-    errln!("kvgpt serve: drained, exiting");
-    served.context("the server stopped")
+    tracing::info!("drained, exiting");
+    Ok(())
 }
 
 /// The API key, from the flag, `KVGPT_API_KEY` or the first line of --api-key-file.
@@ -208,19 +261,21 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
-    errln!("kvgpt serve: shutting down, finishing the requests in flight");
+    tracing::info!("shutting down, finishing the requests in flight");
 }
 
-async fn completions(State(app): State<Shared>, body: Body) -> Response {
-    respond(app, body, Endpoint::Completions).await
+type TallyOf = Extension<Arc<access::Tally>>;
+
+async fn completions(State(app): State<Shared>, Extension(tally): TallyOf, body: Body) -> Response {
+    respond(app, tally, body, Endpoint::Completions).await
 }
 
-async fn chat_completions(State(app): State<Shared>, body: Body) -> Response {
-    respond(app, body, Endpoint::Chat).await
+async fn chat_completions(State(app): State<Shared>, Extension(tally): TallyOf, body: Body) -> Response {
+    respond(app, tally, body, Endpoint::Chat).await
 }
 
-async fn respond(app: Shared, body: Body, ep: Endpoint) -> Response {
-    let out = match admission::start(&app, body, ep).await {
+async fn respond(app: Shared, tally: Arc<access::Tally>, body: Body, ep: Endpoint) -> Response {
+    let out = match admission::start(&app, body, ep, tally).await {
         Ok(job) if job.params.stream => Ok(responses::stream(app.clone(), job)),
         Ok(job) => responses::collect(&app, job).await.map(|v| Json(v).into_response()),
         Err(e) => Err(e),

@@ -22,7 +22,7 @@ fn engine_error(e: impl Into<String>) -> ApiError {
 /// Waits for every choice and answers with one JSON object.
 pub async fn collect(app: &Shared, job: Job) -> ApiResult<Value> {
     let r = ready(app)?;
-    let Job { ep, id, params, prompt_ids, prompt_texts, seqs, started } = job;
+    let Job { ep, id, params, prompt_ids, prompt_texts, seqs, started, tally } = job;
     let mut choices = vec![];
     let mut ended = vec![];
     for (k, events) in seqs.into_iter().enumerate() {
@@ -45,7 +45,9 @@ pub async fn collect(app: &Shared, job: Job) -> ApiResult<Value> {
         choices.push(ep.choice(k, &text, logprobs, end.finish_reason));
         ended.push(end);
     }
-    let usage = usage_json(&usage_of(params.n, &prompt_ids, &ended));
+    let usages = usage_of(params.n, &prompt_ids, &ended);
+    tally.add(&usages);
+    let usage = usage_json(&usages);
     app.metrics.request_seconds(started.elapsed());
     Ok(
         json!({"id": id, "object": ep.object(), "created": now_secs(), "model": r.name, "seed": params.sampling.seed, "choices": choices, "usage": usage}),
@@ -82,7 +84,7 @@ pub fn stream(app: Shared, job: Job) -> Response {
     let (tx, rx) = unbounded_channel::<SseEvent>();
     tokio::spawn(async move {
         let Some(r) = app.ready.get() else { return };
-        let Job { ep, id, params, prompt_ids, prompt_texts, seqs, started } = job;
+        let Job { ep, id, params, prompt_ids, prompt_texts, seqs, started, tally } = job;
         let seed = params.sampling.seed;
         let chunks = Arc::new(Chunks { ep, id, created: now_secs(), model: r.name.clone(), seed });
         let mut tasks = vec![];
@@ -137,9 +139,10 @@ pub fn stream(app: Shared, job: Job) -> Response {
                 _ => return, // the client went away or a choice failed: no usage, no [DONE]
             }
         }
+        let usages = usage_of(params.n, &prompt_ids, &ended);
+        tally.add(&usages);
         if params.include_usage {
-            let usage = usage_json(&usage_of(params.n, &prompt_ids, &ended));
-            let _ = tx.send(chunks.data(json!([]), Some(usage)));
+            let _ = tx.send(chunks.data(json!([]), Some(usage_json(&usages))));
         }
         let _ = tx.send(SseEvent::default().data("[DONE]"));
         app.metrics.request_seconds(started.elapsed());
