@@ -22,8 +22,8 @@ its prefixes in either server's cache):
 
 Requests go out in a shuffled fixed order; at concurrency C, C client threads each take the next
 request. Every request is `POST /v1/completions` with {"prompt": ids, "max_tokens": O,
-"temperature": 0, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
-"cache_prompt": true}. TTFT is the time to the first SSE chunk with text, ITL the gaps between
+"temperature": 0 (or --temperature T, with "seed": 1), "ignore_eos": true, "stream": true,
+"stream_options": {"include_usage": true}, "cache_prompt": true}. TTFT is the time to the first SSE chunk with text, ITL the gaps between
 chunks with text (a chunk may hold more than one token: a server holds the bytes of a UTF-8
 character split across tokens). Throughput is counted over the cell's wall time (first send to
 last byte); output tokens are the servers' usage.completion_tokens. The prompt cache hit ratio is
@@ -36,7 +36,7 @@ Also measured:
   TTFT hit vs miss  a fresh S-token prefix + a Q-token question (miss), then the same prefix with
                     another question (hit), alone on the server, --hm-reps times with fresh
                     prefixes; reported: median miss TTFT / median hit TTFT
-  decode scaling    output tok/s of the unique workload at concurrency 8 / at concurrency 1; with
+  scaling           output tok/s of the unique workload at concurrency 8 / at concurrency 1; with
                     the default 500-token prompts this is mostly prefill: for decode alone, run
                     --workloads unique --system 4 --question 4 --output 128 --concurrency 1,8
   bit identity      the shared cell's requests at concurrency 1 (served one at a time, first) are
@@ -242,18 +242,22 @@ def unique_workload(a, tag):
             for i in range(a.groups * a.per_group)]
 
 
-def body_for(prompt, max_tokens):
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}, "cache_prompt": True}
+def body_for(prompt, max_tokens, temperature):
+    """Greedy at temperature 0; sampled otherwise, with a fixed seed (the same draws on every run)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": True}
+    if temperature > 0:
+        body["seed"] = 1
+    return body
 
 
 # ---------------------------------------------------------------- requests
 
-def one_request(port, prompt, max_tokens, timeout):
+def one_request(port, prompt, max_tokens, timeout, temperature=0.0):
     """One streamed completion; returns its timings, text, usage and any error."""
     rec = {"ttft": None, "itl": [], "text": "", "chunks": 0, "usage": None, "timings": None, "finish": None,
            "error": None, "prompt_len": len(prompt)}
-    payload = json.dumps(body_for(prompt, max_tokens)).encode()
+    payload = json.dumps(body_for(prompt, max_tokens, temperature)).encode()
     rec["t_start"] = time.perf_counter()
     t0 = rec["t_start"]
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
@@ -330,7 +334,7 @@ def completion_tokens(rec, default):
     return t.get("predicted_n", default)
 
 
-def run_cell(port, reqs, concurrency, max_tokens, timeout, deadline):
+def run_cell(port, reqs, concurrency, max_tokens, timeout, deadline, temperature=0.0):
     """Sends reqs in order from `concurrency` threads; returns the records in request order."""
     out = [None] * len(reqs)
     nxt = [0]
@@ -343,7 +347,7 @@ def run_cell(port, reqs, concurrency, max_tokens, timeout, deadline):
                 if i >= len(reqs):
                     return
                 nxt[0] += 1
-            out[i] = one_request(port, reqs[i]["prompt"], max_tokens, timeout)
+            out[i] = one_request(port, reqs[i]["prompt"], max_tokens, timeout, temperature)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for t in threads:
@@ -424,6 +428,8 @@ def parse_args():
     p.add_argument("--question", type=int, default=20, help="Q: question tokens")
     p.add_argument("--output", type=int, default=64, help="O: output tokens per request")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; above: sampled at this temperature (request seed 1), to time the sampler")
     p.add_argument("--id-lo", type=int, default=1000, help="prompt token ids are drawn from [id-lo, id-hi)")
     p.add_argument("--id-hi", type=int, default=30000)
     p.add_argument("--parallel", type=int, default=16, help="server slots (kvgpt --parallel, llama-server -np)")
@@ -522,7 +528,7 @@ def main():
                         continue
                     log(f"{NAMES[k]}: {w} x{len(reqs)} at concurrency {c}")
                     busy_seen.update(busy_processes())
-                    recs = run_cell(servers[k].port, reqs, c, a.output, a.request_timeout, deadline)
+                    recs = run_cell(servers[k].port, reqs, c, a.output, a.request_timeout, deadline, a.temperature)
                     s = summarize(recs, a.output)
                     note_errors(results, k, f"{w} C={c}", recs, servers[k])
                     results["cells"].append({"server": k, "workload": w, "concurrency": c, "summary": s,
@@ -592,7 +598,7 @@ def identity(a, results, server, k, c1, deadline):
             results["skipped"].append(f"{NAMES[k]} identity pass {p}: time limit or server down")
             return
         log(f"{NAMES[k]}: identity pass {p}: the concurrency-1 shared requests again at concurrency {c}")
-        recs = run_cell(server.port, reqs, c, a.output, a.request_timeout, deadline)
+        recs = run_cell(server.port, reqs, c, a.output, a.request_timeout, deadline, a.temperature)
         note_errors(results, k, f"identity pass {p}", recs, server)
         s = summarize(recs, a.output)
         differ = []
@@ -685,7 +691,7 @@ def report(a, header, results, keys):
     out.append(f"- workloads: shared = {w['G']} groups × {w['K']} requests, system {w['S']} + question {w['Q']} "
                f"tokens, {w['O']} output tokens (N = {w['N']}); unique = {w['N']} prompts of {w['S'] + w['Q']} "
                f"tokens; token ids from seed {w['seed']} in [{a.id_lo}, {a.id_hi}), fresh per cell, "
-               "temperature 0, ignore_eos, streamed")
+               f"temperature {a.temperature}" + (" (seed 1)" if a.temperature > 0 else "") + ", ignore_eos, streamed")
     if both:
         out.append("- each cell: kvgpt / llama.cpp (kvgpt ÷ llama.cpp); throughput: higher is better, "
                    "latency: lower is better. ITL = gaps between streamed chunks with text.")
@@ -734,7 +740,7 @@ def report(a, header, results, keys):
             c8, c1 = cells.get((k, "unique", 8)), cells.get((k, "unique", 1))
             vals.append(ratio(c8["summary"].get("out_tok_per_s"), c1["summary"].get("out_tok_per_s"))
                         if c8 and c1 else None)
-        row = ["decode scaling: unique out tok/s, C=8 ÷ C=1"] + [f"{fmt(v, 2)}×" for v in vals]
+        row = [f"scaling: unique out tok/s, C=8 ÷ C=1 (prompts of {a.system + a.question} tokens, {a.output} out)"] + [f"{fmt(v, 2)}×" for v in vals]
         if both:
             row.append(fmt(ratio(vals[0], vals[1]), 2) + "×" if ratio(vals[0], vals[1]) else "–")
         out.append("| " + " | ".join(row) + " |")
