@@ -85,10 +85,10 @@ pub enum Error {
     NotCached { id: String, file: String, cache_dir: PathBuf },
 
     #[error(
-        "could not fetch {id}/{file} from the Hugging Face Hub ({reason}); without the Hub, use a local \
-         model folder (config.json, model.safetensors, tokenizer.json)"
+        "could not fetch {id}/{file} from {from} ({reason}); without the Hub, use a local model folder \
+         (config.json, model.safetensors, tokenizer.json)"
     )]
-    HubFetch { id: String, file: String, reason: String },
+    HubFetch { id: String, file: String, from: String, reason: String },
 
     #[error("{spec} is not a model: {why}")]
     NotAModel { spec: String, why: String },

@@ -1,8 +1,11 @@
-//! Locating a model: a local folder, or a Hugging Face Hub id resolved through the standard HF
-//! cache (downloaded with hf-hub when online, with a progress bar on a terminal).
+//! Locating a model: a local folder, a GGUF file, or a Hugging Face Hub id resolved through the
+//! standard HF cache (downloaded with hf-hub when online, from `HF_ENDPOINT` if set, with a
+//! progress bar on a terminal: `hub/download.rs`).
+
+mod download;
+mod env;
 
 use crate::error::{Error, Result};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 /// The default model.
@@ -39,29 +42,52 @@ impl TokenizerFiles {
     }
 }
 
-/// How to find a model named on the command line.
-#[derive(Clone, Debug)]
+/// How to find a model named on the command line, and where to download a hub id from.
+///
+/// [`Locate::from_env`] fills it from huggingface_hub's environment variables (`HF_ENDPOINT`,
+/// `HF_HUB_CACHE`, `HF_HOME`, `HF_TOKEN`, `HF_HUB_OFFLINE`, …; see `hub/env.rs`).
+#[derive(Clone)]
 pub struct Locate {
     /// Use only the local HF cache, never the network.
     pub offline: bool,
     /// The HF hub cache folder (`…/huggingface/hub`).
     pub cache_dir: PathBuf,
+    /// The Hub's base URL without a trailing slash (a mirror's, from `HF_ENDPOINT`); `None` for
+    /// hf-hub's default, the public Hugging Face Hub.
+    pub endpoint: Option<String>,
+    /// The access token sent as `Authorization: Bearer …`.
+    pub token: Option<String>,
+    /// Draw a progress bar while downloading, when stderr is a terminal.
+    pub progress: bool,
+    /// Added to the user agent as `origin/…` (`HF_HUB_USER_AGENT_ORIGIN`).
+    pub user_agent_origin: Option<String>,
+}
+
+impl std::fmt::Debug for Locate {
+    // The token stays out of logs and error reports.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locate")
+            .field("offline", &self.offline)
+            .field("cache_dir", &self.cache_dir)
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .field("progress", &self.progress)
+            .field("user_agent_origin", &self.user_agent_origin)
+            .finish()
+    }
 }
 
 impl Locate {
-    /// Reads the standard variables: `HF_HUB_CACHE`, else `HF_HOME/hub`, else
-    /// `~/.cache/huggingface/hub`; offline when `offline` or `HF_HUB_OFFLINE` is 1/true/yes/on.
-    pub fn from_env(offline: bool) -> Locate {
-        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-        let cache_dir = env("HF_HUB_CACHE").map(PathBuf::from).unwrap_or_else(|| {
-            env("HF_HOME")
-                .map(|h| PathBuf::from(h).join("hub"))
-                .unwrap_or_else(|| hf_hub::Cache::default().path().clone())
-        });
-        let env_offline = std::env::var("HF_HUB_OFFLINE")
-            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
-            .unwrap_or(false);
-        Locate { offline: offline || env_offline, cache_dir }
+    /// Online, with the public Hub, no token and a progress bar, caching in `cache_dir`.
+    pub fn new(cache_dir: impl Into<PathBuf>) -> Locate {
+        Locate {
+            offline: false,
+            cache_dir: cache_dir.into(),
+            endpoint: None,
+            token: None,
+            progress: true,
+            user_agent_origin: None,
+        }
     }
 
     /// Resolves `spec`: an existing folder is used as it is; anything else is a hub id.
@@ -130,36 +156,6 @@ impl Locate {
         }
         self.hub(spec)
     }
-
-    /// The files of hub model `id`, from the cache or (online) downloaded into it.
-    fn hub(&self, id: &str) -> Result<ModelFiles> {
-        let cache = hf_hub::Cache::new(self.cache_dir.clone()).model(id.to_string());
-        let api = if self.offline {
-            None
-        } else {
-            let api = hf_hub::api::sync::ApiBuilder::new()
-                .with_cache_dir(self.cache_dir.clone())
-                .with_progress(false)
-                .build()
-                .map_err(|e| Error::Hub(format!("could not set up the Hugging Face Hub client: {e}")))?;
-            Some(api.model(id.to_string()))
-        };
-        let fetch = |file: &str| -> Result<PathBuf> {
-            if let Some(p) = cache.get(file) {
-                return Ok(p);
-            }
-            let Some(repo) = &api else {
-                return Err(Error::NotCached { id: id.into(), file: file.into(), cache_dir: self.cache_dir.clone() });
-            };
-            let progress = std::io::stderr().is_terminal().then(DownloadBar::default);
-            let got = match progress {
-                Some(bar) => repo.download_with_progress(file, bar),
-                None => repo.download_with_progress(file, ()),
-            };
-            got.map_err(|e| Error::HubFetch { id: id.into(), file: file.into(), reason: e.to_string() })
-        };
-        assemble(id.to_string(), fetch)
-    }
 }
 
 /// The files of a model, each found by `find`: config, weights, and tokenizer.json or else
@@ -193,31 +189,4 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
         }
     };
     assemble(dir.display().to_string(), need)
-}
-
-/// Download progress on stderr.
-#[derive(Default)]
-struct DownloadBar(Option<indicatif::ProgressBar>);
-
-impl hf_hub::api::Progress for DownloadBar {
-    fn init(&mut self, size: usize, filename: &str) {
-        let bar = indicatif::ProgressBar::new(size as u64);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(filename.to_string());
-        self.0 = Some(bar);
-    }
-    fn update(&mut self, size: usize) {
-        if let Some(b) = &self.0 {
-            b.inc(size as u64);
-        }
-    }
-    fn finish(&mut self) {
-        if let Some(b) = self.0.take() {
-            b.finish();
-        }
-    }
 }

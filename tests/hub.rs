@@ -24,7 +24,7 @@ fn fake_cache(repo: &str) -> tempfile::TempDir {
 #[test]
 fn hub_ids_resolve_from_the_cache_offline() {
     let cache = fake_cache("someone/tiny-gpt2");
-    let loc = Locate { offline: true, cache_dir: cache.path().to_path_buf() };
+    let loc = Locate { offline: true, ..Locate::new(cache.path()) };
     let files = loc.resolve("someone/tiny-gpt2").unwrap();
     assert!(matches!(files.tokenizer, TokenizerFiles::Json(_)));
     let loaded = kvgpt::load(&files).unwrap();
@@ -44,7 +44,7 @@ fn an_unreachable_hub_says_so_and_shows_the_local_folder_option() {
     // An empty cache and a repository that cannot be fetched: whether the network is absent
     // (these machines) or present (the repo does not exist), the error must say what to do.
     let cache = tempfile::tempdir().unwrap();
-    let loc = Locate { offline: false, cache_dir: cache.path().to_path_buf() };
+    let loc = Locate::new(cache.path());
     match loc.resolve("kvgpt-test/definitely-not-a-real-repo-4242") {
         Ok(_) => panic!("a repository that does not exist resolved"),
         Err(e) => {
@@ -59,7 +59,7 @@ fn an_unreachable_hub_says_so_and_shows_the_local_folder_option() {
 
 #[test]
 fn local_folders_and_paths() {
-    let loc = Locate { offline: true, cache_dir: std::env::temp_dir() };
+    let loc = Locate { offline: true, ..Locate::new(std::env::temp_dir()) };
     assert!(loc.resolve(fixture_dir().to_str().unwrap()).is_ok());
     let err = loc.resolve("./no/such/dir").unwrap_err().to_string();
     assert!(err.contains("not found"), "{err}");
