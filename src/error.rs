@@ -90,6 +90,11 @@ pub enum Error {
     )]
     HubFetch { id: String, file: String, from: String, reason: String },
 
+    #[error(
+        "the download of {file} from {url} was truncated (got {got} of the {want} bytes the server announced); {next}"
+    )]
+    HubTruncated { file: String, url: String, got: u64, want: u64, next: String },
+
     #[error("{spec} is not a model: {why}")]
     NotAModel { spec: String, why: String },
 
