@@ -1,6 +1,7 @@
 //! Shared test helpers: the tiny-gpt2 fixture and its Hugging Face reference outputs.
 #![allow(dead_code)]
 
+pub mod hub_server;
 pub mod server;
 pub mod views;
 
