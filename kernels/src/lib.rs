@@ -45,4 +45,4 @@ pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, PackedMatrix, WeightType, NR, Q8_BLOCK,
     W8_BLOCK,
 };
-pub use rows::{add_inplace, gelu_new, layernorm, softmax_inplace, sum};
+pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};

@@ -18,6 +18,7 @@ kernels! {
         = layernorm_row_body, layernorm_row_body;
     [] fn gelu(x: &mut [f32]) = gelu_body, gelu_body;
     [] fn softmax(x: &mut [f32]) = softmax_body, softmax_body;
+    [] fn exp_weights_row(x: &mut [f32], max: f32) = exp_weights_body, exp_weights_body;
 }
 
 /// The sum of `a` in the engine's fixed order (16 lanes, then a fixed pairwise sum).
@@ -54,6 +55,13 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 /// In place softmax over the whole slice (max-subtracted, `exp` of [`exp_approx`]).
 pub fn softmax_inplace(isa: Isa, x: &mut [f32]) {
     softmax(isa, x);
+}
+
+/// In place: `x = e^(x - max)` by [`exp_approx`], or 0 where `x - max < -87` (below f32's
+/// smallest normal, where `exp_approx` would give its clamped floor instead): the sampler's
+/// weights, elementwise and so the same bits on every path (a NaN stays a NaN).
+pub fn exp_weights(isa: Isa, x: &mut [f32], max: f32) {
+    exp_weights_row(isa, x, max);
 }
 
 /// Sums 16 lane partials in a fixed pairwise order.
@@ -150,6 +158,14 @@ fn gelu_body(x: &mut [f32]) {
 }
 
 #[inline(always)]
+fn exp_weights_body(x: &mut [f32], max: f32) {
+    for v in x.iter_mut() {
+        let d = *v - max;
+        *v = if d < -87.0 { 0.0 } else { exp_approx(d) };
+    }
+}
+
+#[inline(always)]
 fn softmax_body(x: &mut [f32]) {
     let max = max_body(x);
     for v in x.iter_mut() {
@@ -158,5 +174,41 @@ fn softmax_body(x: &mut [f32]) {
     let sum = sum_body(x);
     for v in x.iter_mut() {
         *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_weights_every_path_is_the_scalar_rule_bit_for_bit() {
+        // Around the -87 cut, 0, both zeros, infinities, NaN, and a spread of ordinary values.
+        let mut x: Vec<f32> =
+            vec![-87.0, -87.000_01, -86.999_99, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        x.extend((0..4000).map(|i| (i as f32 * 0.037).sin() * 120.0 - 40.0));
+        for max in [0.0f32, -0.0, 3.5, -20.0, 1e30, f32::INFINITY, f32::NAN] {
+            let want: Vec<f32> = x
+                .iter()
+                .map(|&v| {
+                    let d = v - max;
+                    if d < -87.0 {
+                        0.0
+                    } else {
+                        exp_approx(d)
+                    }
+                })
+                .collect();
+            for isa in Isa::available() {
+                for len in [0, 1, 15, 17, x.len()] {
+                    let mut got = x[..len].to_vec();
+                    exp_weights(isa, &mut got, max);
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+                        assert!(same, "{} max={max} x={}: {g} vs {w}", isa.name(), x[i]);
+                    }
+                }
+            }
+        }
     }
 }
