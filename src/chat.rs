@@ -55,7 +55,7 @@ impl Chat {
             ids: Vec::new(),
             cache: KvCache::new(cfg),
             scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)),
-            sampler: Sampler::new(sampling, cfg.vocab_size),
+            sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
             logits: vec![0.0; cfg.vocab_size],
         }
     }

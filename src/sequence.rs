@@ -34,7 +34,7 @@ impl Sequence {
             ids,
             prompt_len: prompt.len(),
             cache: KvCache::with_capacity(cfg, capacity),
-            sampler: Sampler::new(sampling, cfg.vocab_size),
+            sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
             logits: vec![0.0; cfg.vocab_size],
         })
     }

@@ -7,7 +7,12 @@
 //! scaled to [0, 1); probabilities use the engine's own `exp` and sums in a fixed order. The same
 //! seed gives the same tokens on every platform and version.
 
-use kvgpt_kernels::exp_approx;
+mod order;
+#[cfg(test)]
+mod tests;
+
+use kvgpt_kernels::Isa;
+use order::Order;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 
@@ -129,12 +134,21 @@ pub struct BadSetting {
 pub struct Sampler {
     cfg: Sampling,
     rng: ChaCha20Rng,
-    /// (probability, id) candidates, allocated once.
-    cand: Vec<(f32, u32)>,
+    /// The kernels' instruction set for the weights (every one gives the same bits).
+    isa: Isa,
+    /// Per token, in id order: its scaled logit, then its weight. Allocated once (sampled only).
+    weights: Vec<f32>,
+    /// The candidates' order, and scratch for the running sums. Allocated once (sampled only).
+    order: Order,
     /// The penalized logits, and per token how often the completion produced it (kept zero
     /// between calls): allocated once, used only with penalties.
     work: Vec<f32>,
     counts: Vec<u32>,
+}
+
+/// A uniform number in [0, 1) from the top 53 bits of one 64-bit draw.
+fn uniform(rng: &mut ChaCha20Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 /// The index of the largest logit; ties go to the lowest id (as torch.argmax).
@@ -150,11 +164,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 impl Sampler {
     pub fn new(cfg: Sampling, vocab: usize) -> Sampler {
+        Sampler::with_isa(cfg, vocab, Isa::detect())
+    }
+
+    /// A sampler whose weights use the kernels of `isa` (the model's, so that `--isa` holds).
+    pub fn with_isa(cfg: Sampling, vocab: usize, isa: Isa) -> Sampler {
         let room = if cfg.penalizes() { vocab } else { 0 };
+        let sampled = if cfg.is_greedy() { 0 } else { vocab };
         Sampler {
             cfg,
             rng: ChaCha20Rng::seed_from_u64(cfg.seed),
-            cand: Vec::with_capacity(vocab),
+            isa,
+            weights: Vec::with_capacity(sampled),
+            order: Order::new(sampled),
             work: Vec::with_capacity(room),
             counts: vec![0; room],
         }
@@ -206,15 +228,24 @@ impl Sampler {
         }
     }
 
-    /// A uniform number in [0, 1) from the top 53 bits of one 64-bit draw.
-    fn uniform(&mut self) -> f64 {
-        (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    /// The next token for these logits. HF's order: temperature, then top-k, then top-p.
+    ///
+    /// The candidates run most likely first, ties by lower id (a total order, so portable); the
+    /// weights `e^(l/T - max)` (0 below e^-87, f32's smallest normal, not `exp_approx`'s clamped
+    /// floor) are summed in f64 in that order, and a uniform draw times the total picks the first
+    /// candidate whose running sum exceeds it. The order comes from a radix sort, or for a small
+    /// top-k a selection ([`order`]), and the weights from a kernel: a token costs O(V) with no
+    /// allocation, where a comparison sort cost O(V log V), and the sums are the same additions
+    /// in the same order, so the same seed still gives the same tokens.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        self.sample_and_total(logits).0
     }
 
-    /// The next token for these logits. HF's order: temperature, then top-k, then top-p.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// [`Sampler::sample`], and the total weight the draw was scaled by (0 for greedy): the
+    /// tests compare its bits with the sorting sampler's.
+    fn sample_and_total(&mut self, logits: &[f32]) -> (u32, f64) {
         if self.cfg.is_greedy() {
-            return argmax(logits);
+            return (argmax(logits), 0.0);
         }
         // A tiny temperature is the limit T → 0: all the probability on the most likely token
         // (shared evenly by exact ties). 1/T may overflow (T below ~3e-39), and l/T may overflow
@@ -223,132 +254,40 @@ impl Sampler {
         let inv_t = (1.0 / self.cfg.temperature).min(f32::MAX);
         let (lo, hi) = logits.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &l| (a.min(l), b.max(l)));
         let shift = if (lo.abs().max(hi.abs()) * inv_t).is_finite() { 0.0 } else { hi };
-        self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| ((l - shift) * inv_t, i as u32)));
-        // Most likely first; ties by lower id, so the order is total and portable.
-        let by_desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if let Some(k) = self.cfg.top_k.filter(|&k| k > 0 && k < self.cand.len()) {
-            self.cand.select_nth_unstable_by(k - 1, by_desc);
-            self.cand.truncate(k);
-        }
-        self.cand.sort_unstable_by(by_desc);
-        let max = self.cand[0].0;
+        let k = self.cfg.top_k.filter(|&k| k > 0).unwrap_or(logits.len());
+        let (cand, sums) = self.order.first(logits, shift, inv_t, k);
+        // The weights in candidate order, then their running sums (f64 bits in the scratch).
+        let weights = &mut self.weights;
+        weights.clear();
+        weights.extend(cand.iter().map(|&c| order::value(c)));
+        let max = weights[0];
+        kvgpt_kernels::exp_weights(self.isa, weights, max);
         let mut total = 0.0f64;
-        for c in self.cand.iter_mut() {
-            // Below e^-87 (f32's smallest normal) a weight is 0, not exp_approx's clamped floor.
-            let d = c.0 - max;
-            c.0 = if d < -87.0 { 0.0 } else { exp_approx(d) };
-            total += c.0 as f64;
+        for (&w, s) in weights.iter().zip(sums.iter_mut()) {
+            total += w as f64;
+            *s = total.to_bits();
         }
+        let mut keep = cand.len();
         if let Some(p) = self.cfg.top_p.filter(|&p| p < 1.0) {
             let mut cum = 0.0f64;
-            let mut keep = self.cand.len();
-            for (i, c) in self.cand.iter().enumerate() {
-                cum += c.0 as f64 / total;
+            for (i, &w) in weights.iter().enumerate() {
+                cum += w as f64 / total;
                 if cum >= p as f64 {
                     keep = i + 1;
                     break;
                 }
             }
-            self.cand.truncate(keep.max(1));
-            total = self.cand.iter().map(|c| c.0 as f64).sum();
+            total = f64::from_bits(sums[keep - 1]);
         }
-        let target = self.uniform() * total;
-        let mut cum = 0.0f64;
-        for c in &self.cand {
-            cum += c.0 as f64;
-            if target < cum {
-                return c.1;
-            }
+        let (cand, sums) = (&cand[..keep], &sums[..keep]);
+        let target = uniform(&mut self.rng) * total;
+        // The first candidate whose running sum exceeds the target (the sums never decrease: the
+        // weights are not negative); none, if the total is NaN (a NaN logit): then the last, as
+        // a walk would.
+        if target.is_nan() || target >= total {
+            return (order::id(cand[keep - 1]), total);
         }
-        self.cand.last().expect("at least one candidate").1
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rng_is_chacha20_as_specified() {
-        // ChaCha20 test vector (all-zero key and nonce, block 0): keystream starts 76 b8 e0 ad
-        // a0 f1 3d 90, i.e. the little-endian words 0xade0b876, 0x903df1a0.
-        let mut rng = ChaCha20Rng::from_seed([0u8; 32]);
-        assert_eq!(rng.next_u32(), 0xade0_b876);
-        assert_eq!(rng.next_u32(), 0x903d_f1a0);
-    }
-
-    #[test]
-    fn top_k_1_and_tiny_top_p_are_greedy() {
-        let logits: Vec<f32> = (0..100).map(|i| ((i * 37) % 101) as f32 * 0.1).collect();
-        let best = argmax(&logits);
-        for cfg in [
-            Sampling { temperature: 1.0, top_k: Some(1), seed: 1, ..Sampling::GREEDY },
-            Sampling { temperature: 1.0, top_p: Some(1e-6), seed: 2, ..Sampling::GREEDY },
-        ] {
-            let mut s = Sampler::new(cfg, logits.len());
-            for _ in 0..20 {
-                assert_eq!(s.sample(&logits), best);
-            }
-        }
-    }
-
-    #[test]
-    fn a_tiny_temperature_is_greedy_and_ties_share_the_mass() {
-        let mut logits: Vec<f32> = (0..1000).map(|i| ((i * 37) % 101) as f32 * 0.7 - 30.0).collect();
-        logits[417] = 41.0; // one clear maximum, and logits large enough that l / T overflows
-        for t in [1e-3f32, 1e-20, 1e-38, 1e-45] {
-            for top_k in [None, Some(1), Some(5)] {
-                let mut s = Sampler::new(Sampling { temperature: t, top_k, seed: 3, ..Sampling::GREEDY }, logits.len());
-                for _ in 0..50 {
-                    assert_eq!(s.sample(&logits), 417, "T={t} top_k={top_k:?}");
-                }
-            }
-        }
-        // Two equal maxima: each is drawn about half the time, nothing else ever.
-        logits[9] = 41.0;
-        let mut s = Sampler::new(Sampling { temperature: 1e-38, seed: 5, ..Sampling::GREEDY }, logits.len());
-        let draws: Vec<u32> = (0..4000).map(|_| s.sample(&logits)).collect();
-        assert!(draws.iter().all(|&d| d == 9 || d == 417));
-        let nine = draws.iter().filter(|&&d| d == 9).count() as f64 / 4000.0;
-        assert!((nine - 0.5).abs() < 0.04, "{nine}");
-    }
-
-    #[test]
-    fn sampling_follows_the_distribution() {
-        // Two tokens with probabilities 0.2 / 0.8 (logit gap ln 4).
-        let logits = [0.0f32, 4.0f32.ln()];
-        let mut s = Sampler::new(Sampling { temperature: 1.0, seed: 7, ..Sampling::GREEDY }, 2);
-        let n = 20000;
-        let ones = (0..n).filter(|_| s.sample(&logits) == 1).count();
-        let frac = ones as f64 / n as f64;
-        assert!((frac - 0.8).abs() < 0.015, "{frac}");
-    }
-
-    #[test]
-    fn penalties_follow_their_definitions() {
-        // Logits 0..8 minus 4; the prompt is [7, 2, 2], the completion so far [5, 5, 1].
-        let logits: Vec<f32> = (0..8).map(|i| i as f32 - 4.0).collect();
-        let ids = [7u32, 2, 2, 5, 5, 1];
-        let cfg = |theta, pres, freq| Sampling {
-            repetition_penalty: theta,
-            presence_penalty: pres,
-            frequency_penalty: freq,
-            ..Sampling::GREEDY
-        };
-        let mut l = logits.clone();
-        Sampler::new(cfg(2.0, 0.0, 0.0), 8).penalize(&mut l, &ids, 3);
-        // Seen: 7 (3 → 1.5), 2 (-2 → -4), 5 (1 → 0.5), 1 (-3 → -6); once each however often.
-        assert_eq!(l, [-4.0, -6.0, -4.0, -1.0, 0.0, 0.5, 2.0, 1.5]);
-        let mut l = logits.clone();
-        Sampler::new(cfg(1.0, 0.5, 0.25), 8).penalize(&mut l, &ids, 3);
-        // Only the completion counts: 5 twice (1 - 2·0.25 - 0.5 = 0), 1 once (-3 - 0.75).
-        assert_eq!(l, [-4.0, -3.75, -2.0, -1.0, 0.0, 0.0, 2.0, 3.0]);
-        // Greedy after them: the repetition penalty takes 7 below 6.
-        let mut s = Sampler::new(cfg(2.0, 0.0, 0.0), 8);
-        assert_eq!(s.sample_after(&logits, &ids, 3), 6);
-        assert_eq!(Sampler::new(Sampling::GREEDY, 8).sample_after(&logits, &ids, 3), 7);
-        // The marks are cleared: the same call again gives the same.
-        assert_eq!(s.sample_after(&logits, &ids, 3), 6);
+        let at = sums.partition_point(|&s| f64::from_bits(s) <= target);
+        (order::id(cand[at]), total)
     }
 }
