@@ -42,10 +42,14 @@ pub struct Turn {
     /// Tokens of the answer.
     pub answer: Vec<u32>,
     pub ended: Ended,
+    /// Computing those positions, and choosing the answer's first token.
     pub prefill_time: Duration,
-    /// Forward passes of the answer after its first token.
+    /// Steps of the answer after its first token: a forward pass, then choosing the next token.
     pub decode_steps: usize,
     pub decode_time: Duration,
+    /// Choosing the answer's tokens, all of them (already part of `prefill_time` and
+    /// `decode_time`).
+    pub sample_time: Duration,
 }
 
 impl Chat {
@@ -156,9 +160,18 @@ impl Chat {
             prefill_time,
             decode_steps: 0,
             decode_time: Duration::ZERO,
+            sample_time: Duration::ZERO,
         };
         while turn.answer.len() < max_new {
+            let t = Instant::now();
             let id = self.sampler.sample_after(&self.logits, &self.ids, prompt);
+            let took = t.elapsed();
+            turn.sample_time += took;
+            if turn.answer.is_empty() {
+                turn.prefill_time += took;
+            } else {
+                turn.decode_time += took;
+            }
             self.ids.push(id);
             turn.answer.push(id);
             if on_token(id)? == Step::Stop {

@@ -48,15 +48,23 @@ pub enum Step {
     Stop,
 }
 
-/// Forward-pass time only: tokenization and sampling are not in these figures.
+/// Where the time of a generation went: each step is a forward pass and then the choice of the
+/// next token (the penalties, temperature, top-k, top-p and the draw, or greedy's argmax), so the
+/// figures per token are what a user waits for a token. Not in them: tokenization, and the
+/// caller's `on_token` (printing, log-probabilities).
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
-    /// The first forward call, over the prompt.
+    /// The first step: the forward call over the prompt, and choosing the first token.
     pub prefill: Duration,
     pub prefill_tokens: usize,
-    /// Every later forward call, one per generated token after the first.
+    /// Every later step, one per generated token after the first: its forward call (over the
+    /// last token) and choosing the next token.
     pub decode: Duration,
     pub decode_steps: usize,
+    /// Choosing the tokens, all of them: already part of `prefill` (the first) and `decode`.
+    pub sample: Duration,
+    /// Tokens chosen (one per step).
+    pub sample_tokens: usize,
 }
 
 impl Timings {
@@ -66,6 +74,23 @@ impl Timings {
         }
         self.decode_steps as f64 / self.decode.as_secs_f64()
     }
+
+    /// Milliseconds per decode step (its forward call and its choice of token).
+    pub fn decode_ms_per_token(&self) -> f64 {
+        per_token_ms(self.decode, self.decode_steps)
+    }
+
+    /// Milliseconds per token spent choosing it.
+    pub fn sample_ms_per_token(&self) -> f64 {
+        per_token_ms(self.sample, self.sample_tokens)
+    }
+}
+
+fn per_token_ms(d: Duration, n: usize) -> f64 {
+    if n == 0 {
+        return 0.0;
+    }
+    d.as_secs_f64() * 1e3 / n as f64
 }
 
 #[derive(Clone, Debug)]
@@ -111,14 +136,17 @@ pub fn generate_from(
             seq.forget_cache(); // the whole sequence again from an empty cache
         }
         seq.feed(model, &mut scratch)?;
-        let took = start.elapsed();
+        let chosen = Instant::now();
+        let next = seq.sample();
+        let end = Instant::now();
+        timings.sample += end - chosen;
+        timings.sample_tokens += 1;
         if step == 0 {
-            timings.prefill = took;
+            timings.prefill = end - start;
         } else {
-            timings.decode += took;
+            timings.decode += end - start;
             timings.decode_steps += 1;
         }
-        let next = seq.sample();
         if on_token(next, seq.logits())? == Step::Stop {
             finish = FinishReason::Stop;
             break;

@@ -118,6 +118,7 @@ fn turns_keep_the_cache_and_answer_as_hf() {
         // computed with the turn's own tokens.
         let want = if before == 0 { (0, turn_len) } else { (before - 1, turn_len + 1) };
         assert_eq!(stats(&text), want, "{text}");
+        assert!(text.contains("tok/s, sampling ") && text.contains(" ms/token"), "sampling timed: {text}");
         assert_eq!(t["ids_before_answer"].as_u64().unwrap() as usize, before + turn_len);
         before += turn_len + t["answer_ids"].as_array().unwrap().len();
         s.wait_for("> ");

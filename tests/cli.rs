@@ -82,6 +82,28 @@ fn generate_json_has_the_documented_fields_and_reference_ids() {
 }
 
 #[test]
+fn generate_counts_choosing_each_token_in_its_timings() {
+    // Issue #17 item 8: a step is its forward pass and choosing its token, so the prefill and
+    // decode figures include sampling (greedy's argmax too), which is also reported alone.
+    let m = model();
+    for sampler in [&[][..], &["--temperature", "1"][..], &["--temperature", "0.8", "--top-p", "0.9", "--top-k", "40"]]
+    {
+        let mut args = vec!["generate", "The cat sat on", "--model", &m, "-n", "12", "--json", "--ignore-eos"];
+        args.extend_from_slice(sampler);
+        let (out, err) = ok(&kvgpt(&args, None));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let t = &j["timings"];
+        let ms = |k: &str| t[k].as_f64().unwrap_or_else(|| panic!("timings.{k} in {t}"));
+        assert_eq!(t["sample_tokens"], 12, "{t}");
+        assert_eq!(t["decode_steps"], 11, "{t}");
+        assert!(ms("sample_ms") > 0.0, "{t}");
+        assert!(ms("sample_ms") <= ms("prefill_ms") + ms("decode_ms"), "sampling is inside prefill and decode: {t}");
+        assert!((ms("sample_ms_per_token") - ms("sample_ms") / 12.0).abs() < 1e-9, "{t}");
+        assert!(err.contains(" ms/token (") && err.contains("| sampling "), "{err}");
+    }
+}
+
+#[test]
 fn prompts_come_from_stdin_files_or_nothing() {
     let reference = Reference::load();
     let p = &reference.prompts()[1];

@@ -190,10 +190,12 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             Ended::Length => "--max-new-tokens",
             Ended::ContextFull => "the context is full",
         };
+        // Decode steps include choosing their tokens; sampling is also shown alone.
         let tps = if turn.decode_steps > 0 { turn.decode_steps as f64 / turn.decode_time.as_secs_f64() } else { 0.0 };
+        let sample_ms = turn.sample_time.as_secs_f64() * 1e3 / turn.answer.len().max(1) as f64;
         errln!(
-            "[kvgpt] reused {} cached positions, computed {} ({:.1} ms) | answer {} tokens, decode {tps:.1} tok/s | \
-             context {}/{n} | ended: {why}",
+            "[kvgpt] reused {} cached positions, computed {} ({:.1} ms) | answer {} tokens, decode {tps:.1} tok/s, \
+             sampling {sample_ms:.3} ms/token | context {}/{n} | ended: {why}",
             turn.reused,
             turn.prefilled,
             turn.prefill_time.as_secs_f64() * 1e3,

@@ -184,6 +184,9 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
                 "decode_ms": decode_ms,
                 "decode_steps": t.decode_steps,
                 "decode_tokens_per_s": t.decode_tokens_per_s(),
+                "sample_ms": t.sample.as_secs_f64() * 1e3,
+                "sample_tokens": t.sample_tokens,
+                "sample_ms_per_token": t.sample_ms_per_token(),
             },
         });
         if a.logprobs.is_some() {
@@ -211,14 +214,16 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     if let Some(f) = &a.prompt_cache {
         errln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
     }
-    let per_tok = if t.decode_steps > 0 { decode_ms / t.decode_steps as f64 } else { 0.0 };
+    // Each step's figure includes choosing its token (see `Timings`); sampling is also shown alone.
     errln!(
         "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
-         {per_tok:.2} ms/token ({:.1} tok/s) | {} | {} | {} {} threads {} | finish: {}",
+         {:.2} ms/token ({:.1} tok/s) | sampling {:.3} ms/token | {} | {} | {} {} threads {} | finish: {}",
         t.prefill_tokens,
         t.prefill_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
         t.decode_steps,
+        t.decode_ms_per_token(),
         t.decode_tokens_per_s(),
+        t.sample_ms_per_token(),
         if opts.use_cache { "KV cache on" } else { "KV cache off (recompute)" },
         sampler_words(&opts.sampling),
         model.weights_dtype(),
