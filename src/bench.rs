@@ -1,11 +1,12 @@
 //! The benchmark behind `kvgpt bench`: prefill and decode throughput, cached against uncached
-//! decoding, per-token latency percentiles, time to first token, peak memory and a read-bandwidth
-//! probe. Only forward passes are timed: tokenization and sampling are excluded (ids are
-//! synthetic, the next token is an argmax taken outside the timed region).
+//! decoding, greedy against sampled decoding, per-token latency percentiles, time to first token,
+//! peak memory and a read-bandwidth probe. Tokenization is excluded (ids are synthetic). A prefill
+//! row times its forward pass; a decode step is timed as `generate` counts it: choosing the next
+//! token (greedy's argmax, or the sampler on sampled rows) and the forward pass over it.
 
 use crate::error::{Error, Result};
 use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::Sampling;
+use crate::sampler::{Sampler, Sampling};
 use crate::sequence::Sequence;
 use std::time::{Duration, Instant};
 
@@ -22,14 +23,18 @@ pub struct BenchSpec {
     pub uncached: bool,
     /// Sequences decoded together in one forward per step (batched rows; 1 adds none).
     pub batches: Vec<usize>,
+    /// Also decode (cached) choosing the tokens with this sampler: a sampled row beside each
+    /// greedy one, interleaved with it.
+    pub sampling: Option<Sampling>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Test {
     /// Prefill of `prompt` tokens.
     Prefill { prompt: usize },
-    /// `gen` decode steps after a `prompt`-token prefill, cached or not.
-    Decode { prompt: usize, gen: usize, cached: bool },
+    /// `gen` decode steps after a `prompt`-token prefill, cached or not; greedy, or with the
+    /// spec's sampler.
+    Decode { prompt: usize, gen: usize, cached: bool, sampled: bool },
     /// `gen` decode steps of `batch` sequences together (one forward over their rows per step),
     /// each after its own `prompt`-token prefill, cached.
     Batched { prompt: usize, gen: usize, batch: usize },
@@ -88,12 +93,13 @@ struct Runner<'a> {
     scratch: Scratch,
     /// The sequences of batched rows, made on first use.
     batch: Vec<Sequence>,
+    /// The sampler of sampled rows (its stream goes on from row to row).
+    sampler: Option<Sampler>,
 }
 
 impl Runner<'_> {
-    /// Feeds the sequence's pending tokens (all of them, if `recompute`), timed.
-    fn timed_feed(&mut self, recompute: bool) -> Result<Duration> {
-        let start = Instant::now();
+    /// Feeds the sequence's pending tokens (all of them, if `recompute`), timed from `start`.
+    fn timed_feed(&mut self, start: Instant, recompute: bool) -> Result<Duration> {
         if recompute {
             self.seq.forget_cache();
         }
@@ -107,16 +113,25 @@ impl Runner<'_> {
         match test {
             Test::Prefill { prompt } => {
                 self.seq.restart(&prompt_ids(prompt, v))?;
-                let d = self.timed_feed(false)?;
+                let d = self.timed_feed(Instant::now(), false)?;
                 Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3]))
             }
-            Test::Decode { prompt, gen, cached } => {
+            Test::Decode { prompt, gen, cached, sampled } => {
                 self.seq.restart(&prompt_ids(prompt, v))?;
                 self.seq.feed(self.model, &mut self.scratch)?;
                 let mut steps = Vec::with_capacity(gen);
                 for _ in 0..gen {
-                    self.seq.sample(); // greedy
-                    let d = self.timed_feed(!cached)?;
+                    let start = Instant::now();
+                    match self.sampler.as_mut().filter(|_| sampled) {
+                        Some(s) => {
+                            let id = s.sample_after(self.seq.logits(), self.seq.ids(), prompt);
+                            self.seq.push(id)?;
+                        }
+                        None => {
+                            self.seq.sample(); // greedy
+                        }
+                    }
+                    let d = self.timed_feed(start, !cached)?;
                     steps.push(d.as_secs_f64() * 1e3);
                 }
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;
@@ -135,11 +150,11 @@ impl Runner<'_> {
                 }
                 let mut steps = Vec::with_capacity(gen);
                 for _ in 0..gen {
+                    let start = Instant::now();
                     for s in seqs.iter_mut() {
                         s.sample(); // greedy
                     }
                     let mut rows: Vec<_> = seqs.iter_mut().map(|s| s.rows(1)).collect();
-                    let start = Instant::now();
                     self.model.forward_batch(&mut rows, &mut self.scratch)?;
                     steps.push(start.elapsed().as_secs_f64() * 1e3);
                 }
@@ -155,9 +170,12 @@ pub fn tests(spec: &BenchSpec) -> Vec<Test> {
     let mut t: Vec<Test> = spec.prompts.iter().map(|&prompt| Test::Prefill { prompt }).collect();
     for &prompt in &spec.prompts {
         for &gen in &spec.gens {
-            t.push(Test::Decode { prompt, gen, cached: true });
+            t.push(Test::Decode { prompt, gen, cached: true, sampled: false });
+            if spec.sampling.is_some() {
+                t.push(Test::Decode { prompt, gen, cached: true, sampled: true });
+            }
             if spec.uncached {
-                t.push(Test::Decode { prompt, gen, cached: false });
+                t.push(Test::Decode { prompt, gen, cached: false, sampled: false });
             }
             for &batch in spec.batches.iter().filter(|&&b| b > 1) {
                 t.push(Test::Batched { prompt, gen, batch });
@@ -183,7 +201,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         .iter()
         .map(|t| match t {
             Test::Prefill { prompt } => *prompt,
-            Test::Decode { prompt, gen, cached: false } => prompt + gen,
+            Test::Decode { prompt, gen, cached: false, .. } => prompt + gen,
             Test::Decode { prompt, .. } => *prompt,
             Test::Batched { prompt, batch, .. } => (*prompt).max(*batch),
         })
@@ -196,6 +214,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         seq: Sequence::new(model, &[0], cfg.n_positions - 1, Sampling::GREEDY)?,
         scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
         batch: vec![],
+        sampler: spec.sampling.map(|s| Sampler::with_isa(s, cfg.vocab_size, model.isa())),
     };
     let mut rows: Vec<Row> = tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![] }).collect();
     for t in &tests {

@@ -215,6 +215,39 @@ fn bad_input_gets_a_clear_error_and_a_failing_exit() {
 }
 
 #[test]
+fn bench_times_sampled_decoding_beside_greedy() {
+    // Issue #17 item 8: with a sampler, every cached decode row has a sampled twin whose steps
+    // include sampling, interleaved with it, and the table of their ratio.
+    let m = model();
+    let base = ["bench", "--model", &m, "-p", "4,8", "-n", "3", "-r", "2", "--probe-mib", "0", "--no-uncached"];
+    let mut args = base.to_vec();
+    args.extend(["--temperature", "1", "--top-p", "0.9", "-o", "json"]);
+    let (js, _) = ok(&kvgpt(&args, None));
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&js).unwrap();
+    let modes: Vec<(&str, u64, &str)> = rows
+        .iter()
+        .filter(|r| r["gen_tokens"] == 3)
+        .map(|r| (r["mode"].as_str().unwrap(), r["prompt_tokens"].as_u64().unwrap(), r["sampler"].as_str().unwrap()))
+        .collect();
+    let sampler = "sampled T=1 seed=0 top-p=0.9";
+    assert_eq!(
+        modes,
+        [("cached", 4, "greedy"), ("sampled", 4, sampler), ("cached", 8, "greedy"), ("sampled", 8, sampler)]
+    );
+    assert!(rows
+        .iter()
+        .filter(|r| r["mode"] == "sampled")
+        .all(|r| r["reps"] == 2 && r["p50_ms"].as_f64().unwrap() > 0.0));
+    let mut args = base.to_vec();
+    args.extend(["--top-k", "40"]);
+    let (md, _) = ok(&kvgpt(&args, None));
+    assert!(md.contains("| tg3 | 4 | sampled |"), "{md}");
+    assert!(md.contains("| decode | context (prompt) | greedy ms/token | sampled ms/token (sampled T=1 seed=0 top-k=40) | × greedy |"), "{md}");
+    let (md, _) = ok(&kvgpt(&base, None));
+    assert!(!md.contains("| sampled |") && !md.contains("× greedy"), "no sampled rows without a sampler: {md}");
+}
+
+#[test]
 fn bench_reports_every_row_in_every_format() {
     let m = model();
     let (out, err) = ok(&kvgpt(
@@ -250,7 +283,7 @@ fn bench_reports_every_row_in_every_format() {
         assert!(r["threads"].as_u64().unwrap() >= 1 && r["git"].is_string() && r["cpu_features"].is_array());
     }
     let (md, _) = ok(&kvgpt(&["bench", "--model", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "1"], None));
-    assert!(md.contains("tokenization and sampling are excluded"), "{md}");
+    assert!(md.contains("A decode step is timed from choosing its token"), "{md}");
     assert!(md.contains("| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |"), "{md}");
     assert!(md.contains("load to first token"), "{md}");
     // Batched rows: B sequences per forward, B·N tokens per repetition, and their ratio table.

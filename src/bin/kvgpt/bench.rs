@@ -1,6 +1,7 @@
-//! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached.
+//! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached, greedy
+//! against sampled.
 
-use crate::common::{load, print_json, ModelArgs, Outcome};
+use crate::common::{load, print_json, sampler_words, ModelArgs, Outcome, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use kvgpt::bench::{mean_sd, peak_rss_bytes, percentile, probe_read_bandwidth, BenchSpec, Row, Test};
@@ -33,6 +34,10 @@ pub struct BenchArgs {
     /// Size of the read-bandwidth probe in MiB, at most 65536 (0 skips it).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub probe_mib: u32,
+    /// Any sampling flag (as generate's) adds a sampled row beside each cached greedy decode
+    /// row, interleaved with it, and their ratio.
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -56,12 +61,14 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let m = &loaded.model;
     let cfg = &m.config;
+    let sampling = a.sampling.sampling()?;
     let spec = BenchSpec {
         prompts: a.prompts.clone(),
         gens: a.gens.clone(),
         reps: a.reps as usize,
         uncached: !a.no_uncached,
         batches: a.batches.clone(),
+        sampling: (!sampling.is_greedy() || sampling.penalizes()).then_some(sampling),
     };
     let total = kvgpt::bench::tests(&spec).len() * spec.reps;
     let mut done = 0;
@@ -95,7 +102,8 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         peak_rss_bytes: rss,
         read_bandwidth_gb_s: bw,
     };
-    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header)).collect();
+    let sampler = sampler_words(&sampling);
+    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header, &sampler)).collect();
     match a.output {
         Format::Json => print_json(&serde_json::to_value(&reports)?)?,
         Format::Csv => print_csv(&reports)?,
@@ -150,14 +158,17 @@ struct RowReport<'a> {
     cpu_features: &'a [&'static str],
     git: &'static str,
     batch: usize,
+    /// How each decode step chose its token: "greedy", or the sampler's settings.
+    sampler: &'a str,
 }
 
 impl<'a> RowReport<'a> {
-    fn of(r: &Row, h: &'a Header) -> RowReport<'a> {
+    fn of(r: &Row, h: &'a Header, sampler: &'a str) -> RowReport<'a> {
         let (avg, sd) = mean_sd(&r.tok_s);
         let (prompt, gen, mode, batch) = match r.test {
             Test::Prefill { prompt } => (prompt, 0, "cached", 1),
-            Test::Decode { prompt, gen, cached } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
+            Test::Decode { prompt, gen, sampled: true, .. } => (prompt, gen, "sampled", 1),
+            Test::Decode { prompt, gen, cached, .. } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
             Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
         };
         RowReport {
@@ -182,6 +193,7 @@ impl<'a> RowReport<'a> {
             cpu_features: &h.cpu_features,
             git: h.git,
             batch,
+            sampler: if matches!(r.test, Test::Decode { sampled: true, .. }) { sampler } else { "greedy" },
         }
     }
 }
@@ -189,12 +201,12 @@ impl<'a> RowReport<'a> {
 fn print_csv(rows: &[RowReport]) -> Result<()> {
     outln!(
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
-         weight_gb_s,peak_rss_mb,git,batch"
+         weight_gb_s,peak_rss_mb,git,batch,sampler"
     );
     let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         outln!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.test,
             r.mode,
             r.prompt_tokens,
@@ -211,7 +223,8 @@ fn print_csv(rows: &[RowReport]) -> Result<()> {
             opt(r.weight_gb_s),
             r.peak_rss_mb,
             r.git,
-            r.batch
+            r.batch,
+            r.sampler
         );
     }
     Ok(())
@@ -238,7 +251,10 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
         rss / (w + kv),
         h.read_bandwidth_gb_s
     );
-    outln!("Only forward passes are timed: tokenization and sampling are excluded (synthetic ids, argmax outside the timer).\n");
+    outln!(
+        "A decode step is timed from choosing its token (greedy, or the sampler on sampled rows) through its \
+         forward pass; a prefill row times its forward pass; tokenization is excluded (synthetic ids).\n"
+    );
     outln!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
     outln!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in reports {
@@ -258,15 +274,29 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
         );
     }
     // Cached against uncached decoding per context length.
+    let greedy = |prompt, gen| Test::Decode { prompt, gen, cached: true, sampled: false };
     let decode: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Decode { cached: false, .. })).collect();
     if !decode.is_empty() {
         outln!("\n| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |");
         outln!("|---|---:|---:|---:|---:|");
         for u in decode {
             let Test::Decode { prompt, gen, .. } = u.test else { continue };
-            let c = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
+            let c = rows.iter().find(|r| r.test == greedy(prompt, gen));
             let (ca, ua) = (c.map(|c| mean_sd(&c.tok_s).0).unwrap_or(0.0), mean_sd(&u.tok_s).0);
             outln!("| tg{gen} | {prompt} | {ca:.1} | {ua:.1} | {:.1}× |", ca / ua.max(1e-12));
+        }
+    }
+    // Sampled decoding against greedy at the same context: time per token, sampling included.
+    let sampled: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Decode { sampled: true, .. })).collect();
+    if !sampled.is_empty() {
+        let sampler = reports.iter().find(|r| r.mode == "sampled").map_or("", |r| r.sampler);
+        outln!("\n| decode | context (prompt) | greedy ms/token | sampled ms/token ({sampler}) | × greedy |");
+        outln!("|---|---:|---:|---:|---:|");
+        for s in sampled {
+            let Test::Decode { prompt, gen, .. } = s.test else { continue };
+            let g = rows.iter().find(|r| r.test == greedy(prompt, gen));
+            let (gm, sm) = (g.map(|g| mean_sd(&g.step_ms).0).unwrap_or(0.0), mean_sd(&s.step_ms).0);
+            outln!("| tg{gen} | {prompt} | {gm:.3} | {sm:.3} | {:.3}× |", sm / gm.max(1e-12));
         }
     }
     // Batched decoding against one sequence at the same context.
@@ -278,7 +308,7 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
         outln!("|---|---:|---:|---:|---:|---:|");
         for b in batched {
             let Test::Batched { prompt, gen, batch } = b.test else { continue };
-            let one = rows.iter().find(|r| r.test == Test::Decode { prompt, gen, cached: true });
+            let one = rows.iter().find(|r| r.test == greedy(prompt, gen));
             let (all, single) = (mean_sd(&b.tok_s).0, one.map(|r| mean_sd(&r.tok_s).0).unwrap_or(0.0));
             outln!(
                 "| tg{gen} | {prompt} | {batch} | {all:.1} | {:.1} | {:.2}× |",
@@ -289,11 +319,8 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
     }
     if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4 }) {
         let ttft = mean_sd(&pp4.step_ms).0;
-        let step = rows
-            .iter()
-            .find(|r| r.test == Test::Decode { prompt: 4, gen: r_gen(r), cached: true })
-            .map(|r| percentile(&r.step_ms, 50.0))
-            .unwrap_or(0.0);
+        let step =
+            rows.iter().find(|r| r.test == greedy(4, r_gen(r))).map(|r| percentile(&r.step_ms, 50.0)).unwrap_or(0.0);
         outln!(
             "\nload to first token (4-token prompt): {:.1} ms = {:.1} decode steps of {step:.2} ms",
             load_ms + ttft,
