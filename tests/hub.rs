@@ -210,25 +210,27 @@ fn a_repo_without_tokenizer_json_falls_back_to_vocab_and_merges_with_the_token_f
     assert!(seen.iter().all(|s| s.authorization.as_deref() == Some("Bearer hf_from_the_file")), "{seen:#?}");
 }
 
+/// Serves model.safetensors with `fault` and checks the run fails, saying the file was truncated,
+/// what to do and each of `also`, with nothing of it in the snapshot.
+fn refused_as_truncated(home: &Home, server: &HubServer, fault: Fault, also: &[&str]) {
+    server.set_fault("model.safetensors", Some(fault));
+    let out = generate(home, REPO, &home.env(server), &[]);
+    let err = text(&out).1;
+    assert!(!out.status.success(), "{err}");
+    for part in ["model.safetensors", "truncated", "run the command again"].iter().chain(also) {
+        assert!(err.contains(part), "{part:?} in {err}");
+    }
+    assert!(!home.snapshot("model.safetensors").exists(), "a truncated file is in the snapshot");
+}
+
 #[test]
 fn a_short_body_the_client_cannot_see_is_refused_and_never_left_looking_complete() {
     let want = wanted();
     let (home, server) = (Home::new(), HubServer::start(REPO, FILES));
     // No Content-Length and 1 MiB of the 12.7: only the announced size shows the loss.
-    server.set_fault("model.safetensors", Some(Fault::Unframed(1 << 20)));
     let full = len(&fixture_dir().join("model.safetensors"));
-    let out = generate(&home, REPO, &home.env(&server), &[]);
-    let err = text(&out).1;
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("model.safetensors")
-            && err.contains("truncated")
-            && err.contains(&format!("got {} of the {full} bytes", 1 << 20))
-            && err.contains(&server.endpoint)
-            && err.contains("run the command again"),
-        "{err}"
-    );
-    assert!(!home.snapshot("model.safetensors").exists(), "a truncated file is in the snapshot");
+    let got = format!("got {} of the {full} bytes", 1 << 20);
+    refused_as_truncated(&home, &server, Fault::Unframed(1 << 20), &[&got, &server.endpoint]);
     assert!(!blobs(&home).iter().any(|(_, n)| *n == 1 << 20), "{:?}", blobs(&home));
     // So offline it is simply not there, rather than a damaged file.
     let env = [("HF_HUB_CACHE", home.cache().display().to_string())];
@@ -260,19 +262,8 @@ fn a_dropped_connection_is_resumed_in_the_same_run() {
 fn a_connection_that_keeps_dropping_is_refused_clearly_and_the_next_run_resumes() {
     let want = wanted();
     let (home, server) = (Home::new(), HubServer::start(REPO, FILES));
-    server.set_fault("model.safetensors", Some(Fault::Drop(1 << 20)));
     let full = len(&fixture_dir().join("model.safetensors"));
-    let out = generate(&home, REPO, &home.env(&server), &[]);
-    let err = text(&out).1;
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("model.safetensors")
-            && err.contains("truncated")
-            && err.contains("connection closed")
-            && err.contains("run the command again"),
-        "{err}"
-    );
-    assert!(!home.snapshot("model.safetensors").exists());
+    refused_as_truncated(&home, &server, Fault::Drop(1 << 20), &["connection closed"]);
     // What came is kept as a .part (never in the snapshot), and the next run goes on from it.
     let part = blobs(&home).into_iter().find(|(n, _)| n.ends_with(".part")).expect("a partial download");
     assert!(part.1 > 0 && part.1 < full, "{part:?}");

@@ -32,7 +32,7 @@ pub struct App {
     pub ready: OnceLock<Ready>,
     pub api_key: Option<String>,
     /// The `Host`/`Origin` names answered.
-    pub hosts: super::access::Hosts,
+    pub hosts: super::hosts::Hosts,
     pub max_body: usize,
     /// The longest a request body may go without a byte (408 past it).
     pub body_timeout: std::time::Duration,

@@ -16,6 +16,7 @@ mod admission;
 mod api;
 mod choice;
 mod endpoint;
+mod hosts;
 mod http;
 mod listen;
 mod metrics;
@@ -129,7 +130,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: api_key(a)?,
-        hosts: access::Hosts::new(&a.host, &a.allowed_host),
+        hosts: hosts::Hosts::new(&a.host, &a.allowed_host),
         max_body: a.max_body_bytes,
         body_timeout: Duration::from_secs(a.body_timeout),
         metrics: metrics::Metrics::new()?,
