@@ -54,6 +54,7 @@ pub mod prompt_file;
 pub mod sampler;
 pub mod score;
 pub mod sequence;
+pub mod speculative;
 pub mod stop;
 pub mod tap;
 pub mod tokenizer;
