@@ -1,13 +1,11 @@
 //! The runner: executes a plan's rows as one batched forward, then samples every sequence that
-//! got its logits (with its log-probabilities when asked), side by side on the kernel threads.
-//! It decides nothing.
+//! got its logits (with its log-probabilities when asked). It decides nothing.
 
 use super::request::SeqId;
 use super::slot::Slot;
 use crate::error::Result;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::model::{Model, Scratch};
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// A token a step produced for the sequence in slot `slot`.
@@ -45,18 +43,16 @@ impl Runner {
         }
         self.model.forward_batch(&mut batch, &mut self.scratch)?;
         drop(batch);
-        // Each sequence samples from its own logits with its own RNG, so sampling them side by
-        // side on the pool gives the same tokens as one after another.
-        let out = slots
-            .par_iter_mut()
-            .enumerate()
-            .filter(|(i, s)| fed.binary_search(i).is_ok() && s.seq.pending() == 0) // not still prefilling
-            .map(|(i, s)| {
-                let token = s.seq.sample();
-                let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.logits(), token, k));
-                Output { slot: i, token, logprob }
-            })
-            .collect();
+        let mut out = vec![];
+        for i in fed {
+            let s = &mut slots[i];
+            if s.seq.pending() > 0 {
+                continue; // still prefilling
+            }
+            let token = s.seq.sample();
+            let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.logits(), token, k));
+            out.push(Output { slot: i, token, logprob });
+        }
         Ok(out)
     }
 }

@@ -4,7 +4,7 @@
 use super::access::Tally;
 use super::api::{ApiError, ApiResult, Params, Prompt};
 use super::endpoint::Endpoint;
-use super::http::{body_object, offload, ready, Ready, Shared};
+use super::http::{body_object, check_ids, offload, ready, Ready, Shared};
 use axum::body::Body;
 use axum::http::StatusCode;
 use kvgpt::engine::{Events, Request, SubmitError};
@@ -88,9 +88,7 @@ fn tokenize(r: &Ready, p: Prompt) -> ApiResult<(Vec<u32>, String)> {
     match p {
         Prompt::Text(t) => Ok((r.tok.encode(&t).map_err(|e| ApiError::bad("prompt", e.to_string()))?, t)),
         Prompt::Ids(ids) => {
-            if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
-                return Err(ApiError::bad("prompt", format!("token id {id} is outside the vocabulary of {}", r.vocab)));
-            }
+            check_ids(r, &ids, "prompt")?;
             let text = r.tok.decode(&ids);
             Ok((ids, text))
         }

@@ -1,5 +1,6 @@
 //! HTTP plumbing: the state the handlers share, bodies read within their limit and time, CPU
-//! work moved off the async threads, and the endpoints that need no engine (health, models, metrics, tokenize, detokenize).
+//! work moved off the async threads, the one check of token ids, and the endpoints that need no
+//! engine (health, models, metrics, tokenize, detokenize).
 
 use super::api::{self, ApiError, ApiResult};
 use super::metrics::Metrics;
@@ -178,6 +179,14 @@ fn stalled(app: &App, seen: usize) -> ApiError {
     )
 }
 
+/// Token ids given in field `param` must be in the vocabulary.
+pub fn check_ids(r: &Ready, ids: &[u32], param: &str) -> ApiResult<()> {
+    match ids.iter().find(|&&i| i as usize >= r.vocab) {
+        Some(&id) => Err(ApiError::bad(param, format!("token id {id} is outside the vocabulary of {}", r.vocab))),
+        None => Ok(()),
+    }
+}
+
 pub async fn health(State(app): State<Shared>) -> Response {
     match app.ready.get() {
         Some(_) => Json(json!({"status": "ok"})).into_response(),
@@ -212,8 +221,6 @@ pub async fn tokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<V
 pub async fn detokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<Value>> {
     let r = ready(&app)?;
     let ids = api::tokens_field(&body_object(&app, body).await?)?;
-    if let Some(&id) = ids.iter().find(|&&i| i as usize >= r.vocab) {
-        return Err(ApiError::bad("tokens", format!("token id {id} is outside the vocabulary of {}", r.vocab)));
-    }
+    check_ids(r, &ids, "tokens")?;
     offload(move || Ok(Json(json!({"content": ready(&app)?.tok.decode(&ids)})))).await
 }
