@@ -57,10 +57,15 @@ pub struct Timings {
     /// The first step: the forward call over the prompt, and choosing the first token.
     pub prefill: Duration,
     pub prefill_tokens: usize,
-    /// Every later step, one per generated token after the first: its forward call (over the
-    /// last token) and choosing the next token.
+    /// Every later step: its forward call (over the last token, and any drafted ones) and
+    /// choosing the next token (or tokens, when drafts are accepted); with a draft, its proposal.
     pub decode: Duration,
+    /// Tokens generated after the first (each later step makes one, or more with drafts).
     pub decode_steps: usize,
+    /// Forward calls (steps), prefill included: fewer than the tokens when drafts are accepted.
+    pub forwards: usize,
+    /// Proposing drafts (part of `decode`).
+    pub draft: Duration,
     /// Choosing the tokens, all of them: already part of `prefill` (the first) and `decode`.
     pub sample: Duration,
     /// Tokens chosen (one per step).
@@ -126,34 +131,45 @@ pub fn generate_from(
 ) -> Result<Generation> {
     let cfg = &model.config;
     let prompt_len = seq.prompt().len();
-    let rows = if opts.use_cache { seq.pending() } else { prompt_len + opts.max_new_tokens };
+    let drafts = seq.speculation().map_or(0, |s| s.max_k);
+    let rows = if opts.use_cache { seq.pending().max(1 + drafts) } else { prompt_len + opts.max_new_tokens };
     let mut scratch = Scratch::new(cfg, rows.clamp(1, CHUNK_ROWS));
     let mut timings = Timings { prefill_tokens: seq.pending(), ..Timings::default() };
     let mut finish = FinishReason::Length;
-    for step in 0..opts.max_new_tokens {
+    let mut made = 0;
+    'steps: while made < opts.max_new_tokens {
         let start = Instant::now();
         if !opts.use_cache {
             seq.forget_cache(); // the whole sequence again from an empty cache
         }
+        seq.draft(1)?; // with a draft: proposed tokens to verify in this feed
+        let drafted = Instant::now();
         seq.feed(model, &mut scratch)?;
         let chosen = Instant::now();
-        let next = seq.sample();
+        seq.sample();
         let end = Instant::now();
+        let n = seq.new_tokens().len();
+        timings.draft += drafted - start;
         timings.sample += end - chosen;
-        timings.sample_tokens += 1;
-        if step == 0 {
+        timings.sample_tokens += n;
+        if made == 0 {
             timings.prefill = end - start;
+            timings.decode_steps += n - 1;
         } else {
             timings.decode += end - start;
-            timings.decode_steps += 1;
+            timings.decode_steps += n;
         }
-        if on_token(next, seq.logits())? == Step::Stop {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if opts.stop_at_eos && next == cfg.eos_token_id {
-            finish = FinishReason::Eos;
-            break;
+        timings.forwards += 1;
+        for j in 0..n {
+            let next = seq.new_tokens()[j];
+            made += 1;
+            let stop = on_token(next, seq.new_logits(j))? == Step::Stop;
+            let eos = opts.stop_at_eos && next == cfg.eos_token_id;
+            if stop || eos {
+                finish = if stop { FinishReason::Stop } else { FinishReason::Eos };
+                seq.keep_generated(made);
+                break 'steps;
+            }
         }
     }
     Ok(Generation {

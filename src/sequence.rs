@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvSpan};
 use crate::model::{Model, Rows, Scratch};
 use crate::sampler::{Sampler, Sampling};
+use crate::speculative::Speculation;
 use crate::tap::Tap;
 
 pub struct Sequence {
@@ -16,8 +17,18 @@ pub struct Sequence {
     /// K/V of `ids[..cache.len()]`; the position of the next token fed is `cache.len()`.
     cache: KvCache,
     sampler: Sampler,
-    /// `[V]`: the logits of position `cache.len() - 1`, valid once every id has been fed.
+    /// `[1 + K, V]`: the logits of the rows of the last feed (one, or the last accepted token and
+    /// the drafted ones after it), valid once every id has been fed.
     logits: Vec<f32>,
+    /// The row of `logits` the last token was chosen from.
+    chosen: usize,
+    /// Tokens the last choice appended (more than one when drafts were accepted).
+    new: usize,
+    /// Drafted tokens at the end of `ids`, fed but not yet verified (0 outside a verify step).
+    drafted: usize,
+    /// The draft, if this sequence decodes speculatively.
+    spec: Option<Speculation>,
+    vocab: usize,
 }
 
 impl Sequence {
@@ -36,7 +47,50 @@ impl Sequence {
             cache: KvCache::with_capacity(cfg, capacity),
             sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
             logits: vec![0.0; cfg.vocab_size],
+            chosen: 0,
+            new: 0,
+            drafted: 0,
+            spec: None,
+            vocab: cfg.vocab_size,
         })
+    }
+
+    /// Decodes speculatively from now on, with this draft (see [`crate::speculative`]).
+    pub fn speculate(&mut self, spec: Speculation) {
+        self.logits.resize((1 + spec.max_k) * self.vocab(), 0.0);
+        self.spec = Some(spec);
+    }
+
+    /// The draft and what it did, if this sequence decodes speculatively.
+    pub fn speculation(&self) -> Option<&Speculation> {
+        self.spec.as_ref()
+    }
+
+    fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Drafts the tokens the next feed verifies, if this sequence decodes speculatively and has
+    /// chosen its last token (one pending), as one of `batch` sequences decoding together;
+    /// returns how many were drafted. They are fed after the last token and verified by
+    /// [`Sequence::sample`].
+    pub fn draft(&mut self, batch: usize) -> Result<usize> {
+        let Some(spec) = &mut self.spec else { return Ok(0) };
+        if self.ids.len() != self.cache.len() + 1 || self.drafted > 0 {
+            return Ok(0);
+        }
+        // Every drafted token is fed, so they must fit the cache; the last chosen token never is.
+        let room = self.cache.capacity().saturating_sub(self.ids.len());
+        let k = spec.plan(room, batch);
+        spec.propose(&self.ids, k)?;
+        self.ids.extend_from_slice(&spec.proposed);
+        self.drafted = spec.proposed.len();
+        Ok(self.drafted)
+    }
+
+    /// Tokens drafted and fed, not yet verified.
+    pub fn drafted(&self) -> usize {
+        self.drafted
     }
 
     pub fn ids(&self) -> &[u32] {
@@ -66,33 +120,78 @@ impl Sequence {
     pub fn rows(&mut self, n: usize) -> Rows<'_> {
         let a = self.cache.len();
         let b = a + n.min(self.ids.len() - a);
-        let logits: &mut [f32] = if b == self.ids.len() && b > a { &mut self.logits } else { &mut [] };
+        let rows = (self.drafted + 1) * self.vocab();
+        let logits: &mut [f32] = if b == self.ids.len() && b > a { &mut self.logits[..rows] } else { &mut [] };
         Rows { ids: &self.ids[a..b], cache: &mut self.cache, logits }
     }
 
-    /// Feeds every pending token (in chunks of the scratch's rows), leaving the logits of the last.
+    /// Feeds every pending token (in chunks of the scratch's rows), leaving the logits of the last
+    /// (and of the drafted ones, when drafting).
     pub fn feed(&mut self, model: &Model, scratch: &mut Scratch) -> Result<()> {
         let a = self.cache.len();
-        model.run(&self.ids[a..], &mut self.cache, scratch, &mut self.logits)
+        let rows = (self.drafted + 1) * self.vocab();
+        model.run(&self.ids[a..], &mut self.cache, scratch, &mut self.logits[..rows])
     }
 
-    /// The logits of the last fed position (before temperature).
+    /// The logits the last token was chosen from (before temperature).
     pub fn logits(&self) -> &[f32] {
-        &self.logits
+        self.new_logits(self.chosen)
     }
 
-    /// Chooses the next token from [`Sequence::logits`] and appends it.
+    /// The tokens the last [`Sequence::sample`] appended: one, or with drafts the accepted ones
+    /// and the model's own.
+    pub fn new_tokens(&self) -> &[u32] {
+        &self.ids[self.ids.len() - self.new..]
+    }
+
+    /// The logits token `j` of [`Sequence::new_tokens`] was chosen from.
+    pub fn new_logits(&self, j: usize) -> &[f32] {
+        let v = self.vocab();
+        &self.logits[j * v..(j + 1) * v]
+    }
+
+    /// Chooses the next token from the last fed row's logits and appends it; returns it. With
+    /// drafts fed, chooses at each row in turn, keeping each draft the model also chooses, and
+    /// appends the model's own token at the first disagreement (or after the last draft): the
+    /// cache forgets the rest. Returns the last token appended ([`Sequence::new_tokens`] has
+    /// them all). One sampler draw per token, as without drafts.
     pub fn sample(&mut self) -> u32 {
-        let id = self.sampler.sample_after(&self.logits, &self.ids, self.prompt_len);
+        let (v, d) = (self.vocab(), self.drafted);
+        let base = self.ids.len() - d; // ids[..base] were accepted before this step
+        let mut m = 0;
+        let id = loop {
+            let row = &self.logits[m * v..(m + 1) * v];
+            let id = self.sampler.sample_after(row, &self.ids[..base + m], self.prompt_len);
+            if m == d || id != self.ids[base + m] {
+                break id;
+            }
+            m += 1;
+        };
+        self.ids.truncate(base + m);
         self.ids.push(id);
+        if d > 0 {
+            self.cache.truncate(base + m); // the rejected drafts' K/V go
+            if let Some(spec) = &mut self.spec {
+                spec.record(d, m);
+            }
+        }
+        (self.chosen, self.new, self.drafted) = (m, m + 1, 0);
         id
+    }
+
+    /// Keeps only the first `n` generated tokens (a stop in the middle of accepted drafts).
+    pub fn keep_generated(&mut self, n: usize) {
+        self.ids.truncate(self.prompt_len + n);
+        let fed = self.cache.len().min(self.ids.len().saturating_sub(1));
+        self.cache.truncate(fed);
+        self.new = self.new.min(n);
     }
 
     /// Appends a token chosen elsewhere (forced decoding, or the other side of a comparison).
     /// Whether it fits the cache is checked when it is fed (the last token never is).
     pub fn push(&mut self, id: u32) -> Result<()> {
-        if id as usize >= self.logits.len() {
-            return Err(Error::BadTokenId { id, vocab: self.logits.len() });
+        if id as usize >= self.vocab() {
+            return Err(Error::BadTokenId { id, vocab: self.vocab() });
         }
         self.ids.push(id);
         Ok(())
@@ -106,6 +205,7 @@ impl Sequence {
         self.ids.clear();
         self.ids.extend_from_slice(prompt);
         self.prompt_len = prompt.len();
+        (self.chosen, self.new, self.drafted) = (0, 0, 0);
         Ok(())
     }
 
@@ -120,9 +220,10 @@ impl Sequence {
     ) -> Result<()> {
         let a = self.cache.len();
         model.forward(&self.ids[a..], &mut self.cache, scratch, tap, logits)?;
-        let v = self.logits.len();
+        let v = self.vocab();
         if logits.len() >= v {
-            self.logits.copy_from_slice(&logits[logits.len() - v..]);
+            self.logits[..v].copy_from_slice(&logits[logits.len() - v..]);
+            self.chosen = 0;
         }
         Ok(())
     }

@@ -164,69 +164,8 @@ fn turns_keep_the_cache_and_answer_as_hf() {
 /// them): its answers run on for thousands of tokens, seconds even on a fast CPU, long enough
 /// to interrupt twice.
 fn long_winded_model(dir: &std::path::Path) {
-    let (c, l, p, v, f) = (128usize, 2usize, 4096usize, 50257usize, 512usize);
-    let config = serde_json::json!({
-        "model_type": "gpt2", "n_embd": c, "n_layer": l, "n_head": 4, "n_positions": p, "vocab_size": v,
-        "n_inner": f, "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::copy(fixture_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
-    let tok = kvgpt::Tokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut rand = |n: usize, scale: f32| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
-            })
-            .collect()
-    };
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    let mut wte = rand(v * c, 0.3);
-    for id in 0..v as u32 {
-        if id == 50256 || tok.token_bytes(id).contains(&b'\n') {
-            wte[id as usize * c..(id as usize + 1) * c].fill(0.0);
-        }
-    }
-    tensors.push(("wte.weight".into(), vec![v, c], wte));
-    tensors.push(("wpe.weight".into(), vec![p, c], rand(p * c, 0.1)));
-    for i in 0..l {
-        for (name, shape) in [
-            ("ln_1.weight", vec![c]),
-            ("ln_1.bias", vec![c]),
-            ("attn.c_attn.weight", vec![c, 3 * c]),
-            ("attn.c_attn.bias", vec![3 * c]),
-            ("attn.c_proj.weight", vec![c, c]),
-            ("attn.c_proj.bias", vec![c]),
-            ("ln_2.weight", vec![c]),
-            ("ln_2.bias", vec![c]),
-            ("mlp.c_fc.weight", vec![c, f]),
-            ("mlp.c_fc.bias", vec![f]),
-            ("mlp.c_proj.weight", vec![f, c]),
-            ("mlp.c_proj.bias", vec![c]),
-        ] {
-            let n = shape.iter().product();
-            let data = if name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") {
-                vec![1.0; n]
-            } else {
-                rand(n, 0.1)
-            };
-            tensors.push((format!("h.{i}.{name}"), shape, data));
-        }
-    }
-    tensors.push(("ln_f.weight".into(), vec![c], vec![1.0; c]));
-    tensors.push(("ln_f.bias".into(), vec![c], vec![0.0; c]));
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
-        tensors.into_iter().map(|(n, s, d)| (n, s, d.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
-        .iter()
-        .map(|(n, s, d)| {
-            (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap())
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let shape = random_model::Shape { n_embd: 128, n_layer: 2, n_head: 4, n_positions: 4096, seed: 0, endless: true };
+    random_model::write(dir, shape);
 }
 
 #[test]

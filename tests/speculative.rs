@@ -1,49 +1,284 @@
-//! Exact speculative decoding (issue #18, first step): greedy with the n-gram lookup draft gives
-//! Hugging Face's greedy ids, and every token's logits bit for bit as decoding alone does, while
-//! the draft is accepted often (random weights repeat themselves, so acceptance here says nothing
-//! about real text).
+//! Exact speculative decoding: with every kind of draft and k from 1 to 8, greedy gives Hugging
+//! Face's greedy ids and every token's logits bit for bit as decoding alone does; sampled, the
+//! same seed gives the same tokens, and over many seeds the tokens follow the model's own
+//! distribution (a chi-square test against probabilities computed here); after a rejection the
+//! caches hold exactly the accepted positions. Random weights repeat themselves, so how often a
+//! draft is accepted here says nothing about real text.
 
 mod common;
 
 use common::*;
-use kvgpt::speculative::{generate_greedy, Lookup};
-use kvgpt::{generate, GenerateOptions, Sampling, Step};
+use kvgpt::speculative::{Draft, DraftSource, DraftStats, ModelDraft, Speculation};
+use kvgpt::{generate_from, GenerateOptions, KvCache, KvPart, Model, NoTap, Sampling, Scratch, Sequence, Step};
+use std::sync::Arc;
+
+/// Each token and the logits it was chosen from, and what drafting did.
+type Run = (Vec<u32>, Vec<Vec<f32>>, DraftStats);
+
+fn decode(model: &Model, prompt: &[u32], n: usize, sampling: Sampling, draft: Option<Speculation>) -> Run {
+    let mut seq = Sequence::new(model, prompt, n, sampling).unwrap();
+    if let Some(spec) = draft {
+        seq.speculate(spec);
+    }
+    let opts = GenerateOptions { max_new_tokens: n, sampling, stop_at_eos: false, use_cache: true };
+    let mut logits = vec![];
+    let g = generate_from(model, &mut seq, &opts, &mut |_, l| {
+        logits.push(l.to_vec());
+        Ok(Step::Go)
+    })
+    .unwrap();
+    let stats = seq.speculation().map(|s| s.stats).unwrap_or_default();
+    (g.generated_ids, logits, stats)
+}
+
+fn assert_same(what: &str, alone: &Run, drafted: &Run) {
+    assert_eq!(alone.0, drafted.0, "{what}: ids");
+    for (i, (a, b)) in alone.1.iter().zip(&drafted.1).enumerate() {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: logits of token {i}");
+    }
+}
+
+/// A draft that proposes what the model will not say: one past its greedy answer's next token.
+struct Wrong {
+    answer: Vec<u32>,
+    prompt: usize,
+}
+
+impl Draft for Wrong {
+    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt::Result<()> {
+        out.clear();
+        let at = ids.len() - self.prompt;
+        out.extend(self.answer[at..].iter().take(k).map(|&t| (t + 1) % 50257));
+        Ok(())
+    }
+}
+
+/// The drafts of every kind for `model` (loaded from `dir`), by name: lookup, the same weights
+/// at int8 twice, another (smaller) GPT-2 with the same tokenizer, and the model itself.
+fn drafts(dir: &std::path::Path, model: &Arc<Model>, other: &std::path::Path) -> Vec<(&'static str, DraftSource)> {
+    let load =
+        |d: &std::path::Path, ty| Arc::new(kvgpt::load_as(&kvgpt::hub::local_folder(d).unwrap(), ty).unwrap().model);
+    vec![
+        ("lookup", DraftSource::Lookup { max_ngram: 3 }),
+        ("self:w8a8", DraftSource::Model(load(dir, kvgpt::WeightType::W8A8))),
+        ("self:q8", DraftSource::Model(load(dir, kvgpt::WeightType::Q8))),
+        ("draft-model", DraftSource::Model(load(other, kvgpt::WeightType::F32))),
+        ("itself", DraftSource::Model(model.clone())),
+    ]
+}
+
+fn small_draft_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = random_model::Shape { n_embd: 32, n_layer: 1, n_head: 2, n_positions: 512, seed: 7, endless: false };
+    random_model::write(dir.path(), shape);
+    dir
+}
 
 #[test]
-fn greedy_with_lookup_drafts_is_the_model_alone_bit_for_bit() {
-    let loaded = load_fixture();
-    let model = &loaded.model;
+fn greedy_with_every_draft_and_k_is_hf_and_the_model_alone_bit_for_bit() {
+    let model = Arc::new(load_fixture().model);
+    let other = small_draft_model();
     let reference = Reference::load();
-    let mut accepted = 0;
-    for p in reference.prompts() {
-        let n = p.greedy_ids.len();
-        let opts =
-            GenerateOptions { max_new_tokens: n, sampling: Sampling::GREEDY, stop_at_eos: false, use_cache: true };
-        let mut alone = vec![];
-        generate(model, &p.ids, &opts, &mut |id, l| {
-            alone.push((id, l.to_vec()));
-            Ok(Step::Go)
-        })
-        .unwrap();
-        for k in [1, 4, 7] {
-            let mut seen = vec![];
-            let (ids, stats) = generate_greedy(model, &p.ids, n, &mut Lookup { max_ngram: 3 }, k, &mut |id, l| {
-                seen.push((id, l.to_vec()))
-            })
-            .unwrap();
-            assert_eq!(ids, p.greedy_ids, "{} k={k}: HF's greedy ids", p.key);
-            assert_eq!(seen.len(), n);
-            for (i, ((a, la), (b, lb))) in alone.iter().zip(&seen).enumerate() {
-                assert_eq!(a, b, "{} k={k} token {i}", p.key);
-                assert!(
-                    la.iter().zip(lb).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "{} k={k}: logits of token {i}",
-                    p.key
-                );
+    for (name, source) in drafts(&fixture_dir(), &model, other.path()) {
+        let mut total = DraftStats::default();
+        for p in reference.prompts() {
+            let n = p.greedy_ids.len();
+            let alone = decode(&model, &p.ids, n, Sampling::GREEDY, None);
+            assert_eq!(alone.0, p.greedy_ids, "{}: HF's greedy ids", p.key);
+            for k in 1..=8 {
+                let spec = Speculation::new(source.make(p.ids.len() + n), k, 0.0).fixed();
+                let run = decode(&model, &p.ids, n, Sampling::GREEDY, Some(spec));
+                assert_same(&format!("{name} {} k={k}", p.key), &alone, &run);
+                let s = run.2;
+                assert!(s.accepted <= s.drafted && s.steps < n, "{name} {s:?}");
+                if name == "itself" {
+                    assert_eq!(s.accepted, s.drafted, "the model agrees with itself: {s:?}");
+                }
+                total.add(s);
             }
-            assert!(stats.accepted <= stats.drafted && stats.steps < n);
-            accepted += stats.accepted;
+            // A draft that always disagrees still gives the model's answer, one token a step.
+            let wrong = Box::new(Wrong { answer: alone.0.clone(), prompt: p.ids.len() });
+            let run = decode(&model, &p.ids, n, Sampling::GREEDY, Some(Speculation::new(wrong, 4, 0.0).fixed()));
+            assert_same(&format!("always wrong {}", p.key), &alone, &run);
+            assert_eq!(run.2.accepted, 0);
+        }
+        assert!(total.drafted > 0, "{name} drafted nothing");
+    }
+}
+
+#[test]
+fn long_answers_greedy_and_sampled_are_the_model_alone_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = random_model::Shape { n_embd: 64, n_layer: 2, n_head: 4, n_positions: 256, seed: 3, endless: true };
+    random_model::write(dir.path(), shape);
+    let model = Arc::new(kvgpt::load(&kvgpt::hub::local_folder(dir.path()).unwrap()).unwrap().model);
+    let other = small_draft_model();
+    let tok = load_fixture().tokenizer;
+    let prompt = tok.encode("The quick brown fox jumps over the lazy dog, and the dog").unwrap();
+    let sampled = Sampling { temperature: 0.7, top_k: Some(8), seed: 11, ..Sampling::GREEDY };
+    let penalized = Sampling { repetition_penalty: 1.3, presence_penalty: 0.5, ..sampled };
+    for sampling in [Sampling::GREEDY, sampled, penalized] {
+        let alone = decode(&model, &prompt, 200, sampling, None);
+        for (name, source) in drafts(dir.path(), &model, other.path()) {
+            for (k, adaptive) in [(3, false), (8, false), (8, true)] {
+                let spec = Speculation::new(source.make(prompt.len() + 200), k, 0.1);
+                let spec = if adaptive { spec } else { spec.fixed() };
+                let run = decode(&model, &prompt, 200, sampling, Some(spec));
+                assert_same(&format!("{name} k={k} adaptive={adaptive} {sampling:?}"), &alone, &run);
+            }
         }
     }
-    assert!(accepted > 0, "the lookup draft was never accepted");
+}
+
+/// Two caches of the same length hold the same K and V, bit for bit.
+fn same_kv(a: &KvCache, b: &KvCache) -> bool {
+    let bits = |c: &KvCache, l, part| c.gather(l, part).iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    a.len() == b.len()
+        && (0..a.n_layer()).all(|l| [KvPart::K, KvPart::V].into_iter().all(|p| bits(a, l, p) == bits(b, l, p)))
+}
+
+fn fresh_cache(model: &Model, ids: &[u32]) -> KvCache {
+    let mut cache = KvCache::new(&model.config);
+    let mut scratch = Scratch::new(&model.config, ids.len());
+    model.forward(ids, &mut cache, &mut scratch, &mut NoTap, &mut []).unwrap();
+    cache
+}
+
+/// Proposes the greedy answer but gets every third token wrong.
+struct HalfRight {
+    answer: Vec<u32>,
+    prompt: usize,
+}
+
+impl Draft for HalfRight {
+    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt::Result<()> {
+        out.clear();
+        let at = ids.len() - self.prompt;
+        let wrong = |i: usize, t: u32| if (at + i) % 3 == 2 { (t + 1) % 50257 } else { t };
+        out.extend(self.answer[at..].iter().take(k).enumerate().map(|(i, &t)| wrong(i, t)));
+        Ok(())
+    }
+}
+
+#[test]
+fn after_a_rejection_the_caches_hold_exactly_the_accepted_positions() {
+    let loaded = load_fixture();
+    let model = &loaded.model;
+    let prompt = loaded.tokenizer.encode("Hello, my dog is cute and").unwrap();
+    let n = 40;
+    let answer = decode(model, &prompt, n, Sampling::GREEDY, None).0;
+    let mut seq = Sequence::new(model, &prompt, n, Sampling::GREEDY).unwrap();
+    let draft = HalfRight { answer: answer.clone(), prompt: prompt.len() };
+    seq.speculate(Speculation::new(Box::new(draft), 4, 0.0).fixed());
+    let mut scratch = Scratch::new(&model.config, 64);
+    let mut rejected = 0;
+    while seq.generated().len() < n {
+        let d = seq.draft(1).unwrap();
+        seq.feed(model, &mut scratch).unwrap();
+        assert_eq!(seq.cache().len(), seq.ids().len(), "every drafted token was fed");
+        seq.sample();
+        let accepted = seq.new_tokens().len() - 1;
+        rejected += usize::from(accepted < d);
+        // The cache now holds every id but the last, computed as if never drafted.
+        let ids = seq.ids();
+        assert_eq!(seq.cache().len(), ids.len() - 1);
+        assert_eq!(&ids[prompt.len()..], &answer[..ids.len() - prompt.len()]);
+        assert!(same_kv(seq.cache(), &fresh_cache(model, &ids[..ids.len() - 1])));
+    }
+    assert!(rejected > 3, "the draft was rejected {rejected} times");
+
+    // A draft model's own cache: after the target accepts something else, the next proposal
+    // keeps only the common prefix and recomputes the rest.
+    let draft_model = Arc::new(kvgpt::load_as(&loaded.files, kvgpt::WeightType::W8A8).unwrap().model);
+    let mut draft = ModelDraft::new(draft_model.clone(), 128);
+    let mut out = vec![];
+    draft.propose(&prompt, 5, &mut out).unwrap();
+    assert_eq!(draft.cache().len(), prompt.len() + 4, "the last draft is not fed");
+    let mut accepted = prompt.clone();
+    accepted.extend_from_slice(&out[..2]);
+    accepted.push((out[2] + 1) % 50257); // the target's correction
+    let mut again = vec![];
+    draft.propose(&accepted, 3, &mut again).unwrap();
+    let mut seen = accepted.clone();
+    seen.extend_from_slice(&again[..2]);
+    assert_eq!(draft.cache().len(), seen.len());
+    assert!(same_kv(draft.cache(), &fresh_cache(&draft_model, &seen)));
+}
+
+/// Softmax of `l / t` over the `k` largest logits (ties to the lower id), in f64: the
+/// distribution HF's temperature and top-k warpers sample from.
+fn top_k_probs(l: &[f32], t: f64, k: usize) -> Vec<(u32, f64)> {
+    let mut idx: Vec<u32> = (0..l.len() as u32).collect();
+    idx.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]).then(a.cmp(&b)));
+    idx.truncate(k);
+    let max = l[idx[0] as usize] as f64;
+    let w: Vec<f64> = idx.iter().map(|&i| ((l[i as usize] as f64 - max) / t).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    idx.into_iter().zip(w).map(|(i, w)| (i, w / sum)).collect()
+}
+
+/// The chi-square critical value for `df` degrees of freedom at significance 0.001
+/// (Wilson–Hilferty, z = 3.090).
+fn chi2_critical(df: usize) -> f64 {
+    let d = df as f64;
+    let h = 2.0 / (9.0 * d);
+    d * (1.0 - h + 3.090 * h.sqrt()).powi(3)
+}
+
+#[test]
+fn sampled_with_drafts_the_first_tokens_follow_the_models_distribution() {
+    let loaded = load_fixture();
+    let model = Arc::new(loaded.model);
+    let prompt = loaded.tokenizer.encode("The capital of France is").unwrap();
+    let (t, k) = (0.7, 8);
+    // The joint distribution of the first two tokens, from the model's logits and the warpers
+    // written out above.
+    let first = decode(&model, &prompt, 1, Sampling::GREEDY, None).1.remove(0);
+    let mut expected = vec![];
+    for (t1, p1) in top_k_probs(&first, t, k) {
+        let mut ids = prompt.clone();
+        ids.push(t1);
+        let l2 = decode(&model, &ids, 1, Sampling::GREEDY, None).1.remove(0);
+        expected.extend(top_k_probs(&l2, t, k).into_iter().map(|(t2, p2)| ((t1, t2), p1 * p2)));
+    }
+    // The model itself as the draft proposes its greedy tokens: accepted when the draw agrees,
+    // rejected otherwise, both often.
+    let runs = 4000;
+    let mut counts = std::collections::HashMap::new();
+    let mut stats = DraftStats::default();
+    for seed in 0..runs {
+        let sampling = Sampling { temperature: t as f32, top_k: Some(k), seed, ..Sampling::GREEDY };
+        let spec = Speculation::new(DraftSource::Model(model.clone()).make(prompt.len() + 3), 2, 0.0).fixed();
+        let run = decode(&model, &prompt, 3, sampling, Some(spec));
+        if seed < 50 {
+            assert_eq!(run.0, decode(&model, &prompt, 3, sampling, None).0, "seed {seed}: the same tokens");
+        }
+        stats.add(run.2);
+        *counts.entry((run.0[0], run.0[1])).or_insert(0usize) += 1;
+    }
+    assert!(stats.accepted > runs as usize / 10, "acceptances happen: {stats:?}");
+    assert!(stats.drafted > stats.accepted + runs as usize / 10, "rejections happen: {stats:?}");
+    let possible: std::collections::HashSet<_> = expected.iter().map(|(pair, _)| *pair).collect();
+    assert!(counts.keys().all(|pair| possible.contains(pair)), "only top-k tokens are drawn");
+    // Pearson's chi-square over the pairs expected at least 5 times, the rest pooled.
+    let n = runs as f64;
+    let (mut chi2, mut bins, mut rest_e, mut rest_o) = (0.0, 0, 0.0, 0usize);
+    for (pair, p) in &expected {
+        let o = counts.get(pair).copied().unwrap_or(0);
+        if p * n >= 5.0 {
+            chi2 += (o as f64 - p * n).powi(2) / (p * n);
+            bins += 1;
+        } else {
+            rest_e += p * n;
+            rest_o += o;
+        }
+    }
+    let seen: usize = counts.values().sum();
+    assert_eq!(seen, runs as usize);
+    if rest_e > 0.0 {
+        chi2 += (rest_o as f64 - rest_e).powi(2) / rest_e;
+        bins += 1;
+    }
+    let crit = chi2_critical(bins - 1);
+    assert!(chi2 < crit, "chi-square {chi2:.1} over {bins} bins ≥ {crit:.1} (p < 0.001)");
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod hub_server;
+pub mod random_model;
 pub mod server;
 pub mod views;
 

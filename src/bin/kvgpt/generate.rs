@@ -4,6 +4,7 @@ use crate::common::{
     load, locate, print_json, prompt_ids, read_prompt, sampler_words, Input, ModelArgs, Outcome, PromptArgs,
     SamplingArgs,
 };
+use crate::draft::DraftArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::stop::TextStream;
@@ -45,11 +46,16 @@ pub struct GenerateArgs {
     /// bits as without it), then save this prompt's K/V there (created if missing).
     #[arg(long, value_name = "FILE", conflicts_with = "no_cache")]
     pub prompt_cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft: DraftArgs,
 }
 
 fn checked_stops(a: &GenerateArgs) -> Result<()> {
     if a.stop.iter().any(String::is_empty) {
         bail!("--stop needs a non-empty string");
+    }
+    if a.no_cache && (a.draft.draft.is_some() || a.draft.draft_model.is_some()) {
+        bail!("--draft needs the KV cache (a verify step rolls it back); drop --no-cache");
     }
     Ok(())
 }
@@ -125,6 +131,10 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         }
     }
     let reused = seq.cache().len();
+    let drafting = a.draft.load(&a.model, &loaded)?;
+    if let Some(d) = &drafting {
+        d.attach(&mut seq);
+    }
 
     let mut stdout = std::io::stdout().lock();
     if !a.json {
@@ -160,6 +170,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         }
     }
     let t = &g.timings;
+    let draft_stats = seq.speculation().map(|s| s.stats);
     let prefill_ms = t.prefill.as_secs_f64() * 1e3;
     let decode_ms = t.decode.as_secs_f64() * 1e3;
     if a.json {
@@ -177,6 +188,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
             "isa": model.isa().name(),
             "use_cache": opts.use_cache,
             "prompt_cache": a.prompt_cache.as_ref().map(|f| json!({"file": f, "reused_tokens": reused})),
+            "speculative": drafting.as_ref().map(|d| d.json(draft_stats)),
             "timings": {
                 "load_ms": load_ms,
                 "prefill_ms": prefill_ms,
@@ -187,6 +199,8 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
                 "sample_ms": t.sample.as_secs_f64() * 1e3,
                 "sample_tokens": t.sample_tokens,
                 "sample_ms_per_token": t.sample_ms_per_token(),
+                "forwards": t.forwards,
+                "draft_ms": t.draft.as_secs_f64() * 1e3,
             },
         });
         if a.logprobs.is_some() {
@@ -213,6 +227,20 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     }
     if let Some(f) = &a.prompt_cache {
         errln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
+    }
+    if let (Some(d), Some(s)) = (&drafting, draft_stats) {
+        errln!(
+            "[kvgpt] draft {}: accepted {} of {} drafted tokens ({:.0}%) in {} verify steps; {} tokens in {} \
+             forward calls; drafting {:.1} ms",
+            d.name,
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance(),
+            s.steps,
+            g.generated_ids.len(),
+            t.forwards,
+            t.draft.as_secs_f64() * 1e3
+        );
     }
     // Each step's figure includes choosing its token (see `Timings`); sampling is also shown alone.
     errln!(

@@ -23,6 +23,7 @@ macro_rules! errln {
 mod bench;
 mod chat;
 mod common;
+mod draft;
 mod errors;
 mod generate;
 mod info;

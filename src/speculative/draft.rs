@@ -1,0 +1,134 @@
+//! The drafts: n-gram lookup over the sequence itself, and a (smaller or int8) model with its own
+//! KV cache kept in step with what the target accepted.
+
+use super::Draft;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::model::{Model, Scratch};
+use crate::sampler::argmax;
+use std::sync::Arc;
+
+/// Prompt lookup (n-gram) drafting: the tokens that followed the latest earlier occurrence of the
+/// longest suffix of the sequence (at most `max_ngram` tokens) are proposed again.
+pub struct Lookup {
+    pub max_ngram: usize,
+}
+
+impl Draft for Lookup {
+    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        let len = ids.len();
+        for n in (1..=self.max_ngram.min(len.saturating_sub(1))).rev() {
+            let tail = &ids[len - n..];
+            if let Some(start) = (0..len - n).rev().find(|&i| &ids[i..i + n] == tail) {
+                out.extend(ids[start + n..].iter().take(k));
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows of the draft's prompt chunks: its scratch stays small (one per sequence in a server).
+const DRAFT_CHUNK: usize = 64;
+
+/// A model that drafts greedily: its own cache holds the K/V of `seen` (the accepted tokens and
+/// the drafts it fed); each proposal first forgets what the target did not accept (the longest
+/// common prefix with the accepted ids is kept), feeds what it has not seen, then decodes.
+pub struct ModelDraft {
+    model: Arc<Model>,
+    cache: KvCache,
+    scratch: Scratch,
+    seen: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl ModelDraft {
+    /// A draft for a sequence of up to `capacity` positions (fewer if the draft has fewer).
+    pub fn new(model: Arc<Model>, capacity: usize) -> ModelDraft {
+        let cfg = &model.config;
+        let capacity = capacity.min(cfg.n_positions);
+        ModelDraft {
+            cache: KvCache::with_capacity(cfg, capacity),
+            scratch: Scratch::new(cfg, DRAFT_CHUNK.min(capacity.max(1))),
+            seen: Vec::with_capacity(capacity + 1),
+            logits: vec![0.0; cfg.vocab_size],
+            model,
+        }
+    }
+
+    /// The positions its cache holds (for the learner's view and the rollback test).
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+}
+
+impl Draft for ModelDraft {
+    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
+        out.clear();
+        // Room: every id and k − 1 drafts are fed (the last draft never is).
+        let k = k.min((self.cache.capacity() + 1).saturating_sub(ids.len()));
+        if k == 0 || ids.is_empty() {
+            return Ok(());
+        }
+        // Keep what the target accepted, and always feed at least the last id (for its logits).
+        let common = self.seen.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
+        self.seen.truncate(common);
+        self.cache.truncate(common);
+        let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
+        model.run(&ids[common..], cache, scratch, &mut self.logits)?;
+        self.seen.extend_from_slice(&ids[common..]);
+        loop {
+            let t = argmax(&self.logits);
+            out.push(t);
+            if out.len() == k {
+                return Ok(());
+            }
+            model.run(&[t], cache, scratch, &mut self.logits)?;
+            self.seen.push(t);
+        }
+    }
+}
+
+/// Where drafts come from, shared by every sequence that drafts (a server's draft model is
+/// loaded once).
+#[derive(Clone)]
+pub enum DraftSource {
+    Lookup { max_ngram: usize },
+    Model(Arc<Model>),
+}
+
+impl DraftSource {
+    /// A draft for one sequence of up to `capacity` positions.
+    pub fn make(&self, capacity: usize) -> Box<dyn Draft> {
+        match self {
+            DraftSource::Lookup { max_ngram } => Box::new(Lookup { max_ngram: *max_ngram }),
+            DraftSource::Model(m) => Box::new(ModelDraft::new(m.clone(), capacity)),
+        }
+    }
+
+    /// What one drafted token costs, as a fraction of one row of `target`'s decode: the bytes of
+    /// weights a draft step reads against the target's (decode reads every weight once a step).
+    /// Lookup costs next to nothing.
+    pub fn cost(&self, target: &Model) -> f64 {
+        match self {
+            DraftSource::Lookup { .. } => 0.0,
+            DraftSource::Model(m) => m.weight_bytes() as f64 / target.weight_bytes().max(1) as f64,
+        }
+    }
+
+    /// Checks that a draft model speaks the target's tokens: the same vocabulary and end-of-text
+    /// id. (The tokenizers themselves are compared where both are loaded.)
+    pub fn check(&self, target: &Model) -> Result<()> {
+        let DraftSource::Model(m) = self else { return Ok(()) };
+        let (d, t) = (&m.config, &target.config);
+        if d.vocab_size != t.vocab_size || d.eos_token_id != t.eos_token_id {
+            return Err(Error::Invalid(format!(
+                "the draft model's vocabulary ({} tokens, end-of-text {}) is not the model's ({} tokens, \
+                 end-of-text {}); draft with a model that has the same tokenizer",
+                d.vocab_size, d.eos_token_id, t.vocab_size, t.eos_token_id
+            )));
+        }
+        Ok(())
+    }
+}
