@@ -351,3 +351,45 @@ fn bench_reports_every_row_in_every_format() {
     let out = kvgpt(&["bench", "--model", &m, "-p", "100", "-n", "100"], None);
     assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds the model's 128 positions"));
 }
+
+#[test]
+fn generate_with_a_draft_gives_the_reference_text_and_reports_the_drafts() {
+    let reference = Reference::load();
+    let m = model();
+    for (p, raw) in reference.prompts().iter().zip(reference.json["prompts"].as_array().unwrap()) {
+        let n = p.greedy_ids.len().to_string();
+        for draft in
+            [&["--draft", "lookup"][..], &["--draft", "self:w8a8"], &["--draft", "self:q8"], &["--draft-model", &m]]
+        {
+            let mut args = vec!["generate", &p.text, "--model", &m, "-n", &n, "--ignore-eos"];
+            args.extend_from_slice(draft);
+            let (out, err) = ok(&kvgpt(&args, None));
+            assert_eq!(out, format!("{}\n", raw["greedy"]["full_text"].as_str().unwrap()), "{} {draft:?}", p.key);
+            assert!(err.contains(&format!("[kvgpt] draft {}: accepted ", draft[1])), "{err}");
+            args.push("--json");
+            let (out, _) = ok(&kvgpt(&args, None));
+            let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let ids: Vec<u32> =
+                j["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+            assert_eq!(ids, p.greedy_ids, "{} {draft:?}", p.key);
+            let s = &j["speculative"];
+            assert_eq!(s["draft"], draft[1]);
+            let (drafted, accepted) = (s["drafted_tokens"].as_u64().unwrap(), s["accepted_tokens"].as_u64().unwrap());
+            assert!(accepted <= drafted, "{s}");
+            // Every forward call makes one token, and each accepted draft one more.
+            assert_eq!(j["timings"]["forwards"].as_u64().unwrap() + accepted, p.greedy_ids.len() as u64, "{j}");
+        }
+    }
+    for (args, want) in [
+        (&["--draft", "self:f64"][..], "--draft \"self:f64\": the kinds are lookup, self:w8a8 and self:q8"),
+        (&["--draft", "lookup", "--no-cache"], "--draft needs the KV cache"),
+        (&["--draft-model", "/nonexistent/model"], "/nonexistent/model"),
+    ] {
+        let mut a = vec!["generate", "x", "--model", &m];
+        a.extend_from_slice(args);
+        let out = kvgpt(&a, None);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(want), "{want} in {err}");
+    }
+}
