@@ -68,7 +68,7 @@ pub struct Timings {
     pub draft: Duration,
     /// Choosing the tokens, all of them: already part of `prefill` (the first) and `decode`.
     pub sample: Duration,
-    /// Tokens chosen (one per step).
+    /// Tokens chosen (one per step, or more with accepted drafts).
     pub sample_tokens: usize,
 }
 

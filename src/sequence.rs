@@ -57,7 +57,7 @@ impl Sequence {
 
     /// Decodes speculatively from now on, with this draft (see [`crate::speculative`]).
     pub fn speculate(&mut self, spec: Speculation) {
-        self.logits.resize((1 + spec.max_k) * self.vocab(), 0.0);
+        self.logits.resize((1 + spec.max_k) * self.vocab, 0.0);
         self.spec = Some(spec);
     }
 
@@ -66,17 +66,13 @@ impl Sequence {
         self.spec.as_ref()
     }
 
-    fn vocab(&self) -> usize {
-        self.vocab
-    }
-
     /// Drafts the tokens the next feed verifies, if this sequence decodes speculatively and has
     /// chosen its last token (one pending), as one of `batch` sequences decoding together;
     /// returns how many were drafted. They are fed after the last token and verified by
     /// [`Sequence::sample`].
     pub fn draft(&mut self, batch: usize) -> Result<usize> {
         let Some(spec) = &mut self.spec else { return Ok(0) };
-        if self.ids.len() != self.cache.len() + 1 || self.drafted > 0 {
+        if self.ids.len() != self.cache.len() + 1 {
             return Ok(0);
         }
         // Every drafted token is fed, so they must fit the cache; the last chosen token never is.
@@ -86,11 +82,6 @@ impl Sequence {
         self.ids.extend_from_slice(&spec.proposed);
         self.drafted = spec.proposed.len();
         Ok(self.drafted)
-    }
-
-    /// Tokens drafted and fed, not yet verified.
-    pub fn drafted(&self) -> usize {
-        self.drafted
     }
 
     pub fn ids(&self) -> &[u32] {
@@ -120,7 +111,7 @@ impl Sequence {
     pub fn rows(&mut self, n: usize) -> Rows<'_> {
         let a = self.cache.len();
         let b = a + n.min(self.ids.len() - a);
-        let rows = (self.drafted + 1) * self.vocab();
+        let rows = (self.drafted + 1) * self.vocab;
         let logits: &mut [f32] = if b == self.ids.len() && b > a { &mut self.logits[..rows] } else { &mut [] };
         Rows { ids: &self.ids[a..b], cache: &mut self.cache, logits }
     }
@@ -129,7 +120,7 @@ impl Sequence {
     /// (and of the drafted ones, when drafting).
     pub fn feed(&mut self, model: &Model, scratch: &mut Scratch) -> Result<()> {
         let a = self.cache.len();
-        let rows = (self.drafted + 1) * self.vocab();
+        let rows = (self.drafted + 1) * self.vocab;
         model.run(&self.ids[a..], &mut self.cache, scratch, &mut self.logits[..rows])
     }
 
@@ -146,7 +137,7 @@ impl Sequence {
 
     /// The logits token `j` of [`Sequence::new_tokens`] was chosen from.
     pub fn new_logits(&self, j: usize) -> &[f32] {
-        let v = self.vocab();
+        let v = self.vocab;
         &self.logits[j * v..(j + 1) * v]
     }
 
@@ -156,7 +147,7 @@ impl Sequence {
     /// cache forgets the rest. Returns the last token appended ([`Sequence::new_tokens`] has
     /// them all). One sampler draw per token, as without drafts.
     pub fn sample(&mut self) -> u32 {
-        let (v, d) = (self.vocab(), self.drafted);
+        let (v, d) = (self.vocab, self.drafted);
         let base = self.ids.len() - d; // ids[..base] were accepted before this step
         let mut m = 0;
         let id = loop {
@@ -190,8 +181,8 @@ impl Sequence {
     /// Appends a token chosen elsewhere (forced decoding, or the other side of a comparison).
     /// Whether it fits the cache is checked when it is fed (the last token never is).
     pub fn push(&mut self, id: u32) -> Result<()> {
-        if id as usize >= self.vocab() {
-            return Err(Error::BadTokenId { id, vocab: self.vocab() });
+        if id as usize >= self.vocab {
+            return Err(Error::BadTokenId { id, vocab: self.vocab });
         }
         self.ids.push(id);
         Ok(())
@@ -220,7 +211,7 @@ impl Sequence {
     ) -> Result<()> {
         let a = self.cache.len();
         model.forward(&self.ids[a..], &mut self.cache, scratch, tap, logits)?;
-        let v = self.vocab();
+        let v = self.vocab;
         if logits.len() >= v {
             self.logits[..v].copy_from_slice(&logits[logits.len() - v..]);
             self.chosen = 0;

@@ -38,17 +38,20 @@ fn assert_same(what: &str, alone: &Run, drafted: &Run) {
     }
 }
 
-/// A draft that proposes what the model will not say: one past its greedy answer's next token.
-struct Wrong {
+/// A draft that proposes the model's greedy answer, but one past it (a token the model will not
+/// say) at every answer position `wrong` picks.
+struct Skewed {
     answer: Vec<u32>,
     prompt: usize,
+    wrong: fn(usize) -> bool,
 }
 
-impl Draft for Wrong {
+impl Draft for Skewed {
     fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt::Result<()> {
         out.clear();
         let at = ids.len() - self.prompt;
-        out.extend(self.answer[at..].iter().take(k).map(|&t| (t + 1) % 50257));
+        let skew = |(i, &t): (usize, &u32)| if (self.wrong)(at + i) { (t + 1) % 50257 } else { t };
+        out.extend(self.answer[at..].iter().take(k).enumerate().map(skew));
         Ok(())
     }
 }
@@ -97,7 +100,7 @@ fn greedy_with_every_draft_and_k_is_hf_and_the_model_alone_bit_for_bit() {
                 total.add(s);
             }
             // A draft that always disagrees still gives the model's answer, one token a step.
-            let wrong = Box::new(Wrong { answer: alone.0.clone(), prompt: p.ids.len() });
+            let wrong = Box::new(Skewed { answer: alone.0.clone(), prompt: p.ids.len(), wrong: |_| true });
             let run = decode(&model, &p.ids, n, Sampling::GREEDY, Some(Speculation::new(wrong, 4, 0.0).fixed()));
             assert_same(&format!("always wrong {}", p.key), &alone, &run);
             assert_eq!(run.2.accepted, 0);
@@ -144,22 +147,6 @@ fn fresh_cache(model: &Model, ids: &[u32]) -> KvCache {
     cache
 }
 
-/// Proposes the greedy answer but gets every third token wrong.
-struct HalfRight {
-    answer: Vec<u32>,
-    prompt: usize,
-}
-
-impl Draft for HalfRight {
-    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt::Result<()> {
-        out.clear();
-        let at = ids.len() - self.prompt;
-        let wrong = |i: usize, t: u32| if (at + i) % 3 == 2 { (t + 1) % 50257 } else { t };
-        out.extend(self.answer[at..].iter().take(k).enumerate().map(|(i, &t)| wrong(i, t)));
-        Ok(())
-    }
-}
-
 #[test]
 fn after_a_rejection_the_caches_hold_exactly_the_accepted_positions() {
     let loaded = load_fixture();
@@ -168,7 +155,7 @@ fn after_a_rejection_the_caches_hold_exactly_the_accepted_positions() {
     let n = 40;
     let answer = decode(model, &prompt, n, Sampling::GREEDY, None).0;
     let mut seq = Sequence::new(model, &prompt, n, Sampling::GREEDY).unwrap();
-    let draft = HalfRight { answer: answer.clone(), prompt: prompt.len() };
+    let draft = Skewed { answer: answer.clone(), prompt: prompt.len(), wrong: |i| i % 3 == 2 };
     seq.speculate(Speculation::new(Box::new(draft), 4, 0.0).fixed());
     let mut scratch = Scratch::new(&model.config, 64);
     let mut rejected = 0;

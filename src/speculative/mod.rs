@@ -176,13 +176,3 @@ impl DraftConfig {
         Speculation::new(self.source.make(capacity), self.max_k, self.cost)
     }
 }
-
-impl std::fmt::Debug for DraftConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match &self.source {
-            DraftSource::Lookup { max_ngram } => format!("lookup({max_ngram})"),
-            DraftSource::Model(m) => format!("model({} layers, {})", m.config.n_layer, m.weights_dtype()),
-        };
-        write!(f, "DraftConfig {{ {kind}, max_k: {}, cost: {:.3} }}", self.max_k, self.cost)
-    }
-}
