@@ -3,21 +3,23 @@
 //!
 //! The ids are the whole conversation; `cache.len()` of them have their K/V in the cache. A turn
 //! appends its ids, feeds everything not yet cached, and decodes until `on_token` says stop, the
-//! end-of-text token comes, `max_new` tokens are out or the context is full.
+//! end-of-text token comes, `max_new` tokens are out or the context is full. With a draft, each
+//! step verifies the drafted tokens; tokens accepted past the answer's end are dropped, so the
+//! conversation holds exactly what was shown.
 
 use crate::error::{Error, Result};
 use crate::model::CHUNK_ROWS;
 use crate::prompt_file;
-use crate::{KvCache, Model, NoTap, Sampler, Sampling, Scratch, Step};
+use crate::speculative::{DraftConfig, DraftStats};
+use crate::{KvCache, Model, Sampling, Scratch, Sequence, Step};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The conversation is one [`Sequence`] that grows turn by turn: each turn's text is appended as
+/// its prompt, and the answer decoded after it (speculatively, with a draft).
 pub struct Chat {
-    ids: Vec<u32>,
-    cache: KvCache,
+    seq: Sequence,
     scratch: Scratch,
-    sampler: Sampler,
-    logits: Vec<f32>,
 }
 
 /// Why an answer ended.
@@ -44,7 +46,8 @@ pub struct Turn {
     pub ended: Ended,
     /// Computing those positions, and choosing the answer's first token.
     pub prefill_time: Duration,
-    /// Steps of the answer after its first token: a forward pass, then choosing the next token.
+    /// Steps of the answer after its first token: drafting (with a draft), a forward pass, then
+    /// choosing the next token (or tokens, when drafts are accepted).
     pub decode_steps: usize,
     pub decode_time: Duration,
     /// Choosing the answer's tokens, all of them (already part of `prefill_time` and
@@ -55,56 +58,57 @@ pub struct Turn {
 impl Chat {
     pub fn new(model: &Model, sampling: Sampling) -> Chat {
         let cfg = &model.config;
-        Chat {
-            ids: Vec::new(),
-            cache: KvCache::new(cfg),
-            scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)),
-            sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
-            logits: vec![0.0; cfg.vocab_size],
-        }
+        Chat { seq: Sequence::open(model, sampling), scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)) }
+    }
+
+    /// Answers speculatively from now on, with a draft made by `cfg` (the same answers).
+    pub fn speculate(&mut self, cfg: &DraftConfig) {
+        self.seq.speculate_with(cfg);
+    }
+
+    /// What drafting did over the whole conversation, if the chat speculates.
+    pub fn drafts(&self) -> Option<DraftStats> {
+        self.seq.speculation().map(|s| s.stats)
     }
 
     /// The conversation's ids so far.
     pub fn ids(&self) -> &[u32] {
-        &self.ids
+        self.seq.ids()
     }
 
     /// Positions with their K/V in the cache.
     pub fn cached(&self) -> usize {
-        self.cache.len()
+        self.seq.cache().len()
     }
 
     pub fn cache(&self) -> &KvCache {
-        &self.cache
+        self.seq.cache()
     }
 
     /// Positions left in the context for new tokens.
     pub fn room(&self, model: &Model) -> usize {
-        model.config.n_positions - self.ids.len()
+        model.config.n_positions - self.ids().len()
     }
 
     /// Forgets the conversation.
-    pub fn reset(&mut self) {
-        self.ids.clear();
-        self.cache.reset();
+    pub fn reset(&mut self) -> Result<()> {
+        self.seq.restart(&[])
     }
 
     /// Keeps only the last `keep` ids and computes their K/V again from position 0 (GPT-2's
     /// positions are learned, so cached K/V cannot move). Returns how many were kept.
     pub fn keep_last(&mut self, model: &Model, keep: usize) -> Result<usize> {
-        let from = self.ids.len().saturating_sub(keep);
-        let kept = self.ids.split_off(from);
-        self.reset();
-        self.ids = kept;
+        let ids = self.ids();
+        let kept = ids[ids.len().saturating_sub(keep)..].to_vec();
+        self.seq.restart(&kept)?;
         self.feed_pending(model)?;
-        Ok(self.ids.len())
+        Ok(kept.len())
     }
 
-    /// Feeds every id not yet in the cache (no logits).
+    /// Feeds every id not yet in the cache.
     fn feed_pending(&mut self, model: &Model) -> Result<()> {
-        let done = self.cache.len();
-        if done < self.ids.len() {
-            model.run(&self.ids[done..], &mut self.cache, &mut self.scratch, &mut [])?;
+        if self.seq.pending() > 0 {
+            self.seq.feed(model, &mut self.scratch)?;
         }
         Ok(())
     }
@@ -112,16 +116,15 @@ impl Chat {
     /// Saves the whole conversation (ids and K/V) as a prompt cache file.
     pub fn save(&mut self, model: &Model, path: &Path) -> Result<()> {
         self.feed_pending(model)?;
-        prompt_file::save(path, model, &self.ids, &self.cache)
+        prompt_file::save(path, model, self.seq.ids(), self.seq.cache())
     }
 
     /// Replaces the conversation with the one `path` holds (its K/V restored, not recomputed).
     pub fn load(&mut self, model: &Model, path: &Path) -> Result<usize> {
         let saved = prompt_file::load(path, model)?;
-        self.reset();
-        self.cache.append_span(&saved.kv, 0, saved.kv.len)?;
-        self.ids = saved.ids;
-        Ok(self.ids.len())
+        self.seq.restart(&saved.ids)?;
+        self.seq.restore(&saved.kv, 0, saved.kv.len)?;
+        Ok(saved.ids.len())
     }
 
     /// One turn: appends `new` (which must fit, see [`Chat::room`]), computes what is not
@@ -134,27 +137,24 @@ impl Chat {
         on_token: &mut dyn FnMut(u32) -> Result<Step>,
     ) -> Result<Turn> {
         let n = model.config.n_positions;
-        if new.is_empty() || self.ids.len() + new.len() > n {
+        if new.is_empty() || self.ids().len() + new.len() > n {
             return Err(Error::Invalid(format!(
                 "a turn of {} tokens after {} of the conversation: it must be 1 to {} tokens",
                 new.len(),
-                self.ids.len(),
-                n - self.ids.len()
+                self.ids().len(),
+                n - self.ids().len()
             )));
         }
-        if let Some(&id) = new.iter().find(|&&id| id as usize >= model.config.vocab_size) {
-            return Err(Error::BadTokenId { id, vocab: model.config.vocab_size });
-        }
-        let reused = self.cache.len();
-        self.ids.extend_from_slice(new);
+        let reused = self.cached();
+        self.seq.append_prompt(new)?;
         let start = Instant::now();
-        let fed = self.cache.len();
-        model.run(&self.ids[fed..], &mut self.cache, &mut self.scratch, &mut self.logits)?;
+        self.seq.feed(model, &mut self.scratch)?;
+        self.seq.prefill_draft()?;
         let prefill_time = start.elapsed();
-        let prompt = self.ids.len();
+        let prompt = self.ids().len();
         let mut turn = Turn {
             reused,
-            prefilled: prompt - fed,
+            prefilled: prompt - reused,
             answer: Vec::new(),
             ended: Ended::Length,
             prefill_time,
@@ -162,9 +162,9 @@ impl Chat {
             decode_time: Duration::ZERO,
             sample_time: Duration::ZERO,
         };
-        while turn.answer.len() < max_new {
+        loop {
             let t = Instant::now();
-            let id = self.sampler.sample_after(&self.logits, &self.ids, prompt);
+            self.seq.sample();
             let took = t.elapsed();
             turn.sample_time += took;
             if turn.answer.is_empty() {
@@ -172,28 +172,31 @@ impl Chat {
             } else {
                 turn.decode_time += took;
             }
-            self.ids.push(id);
-            turn.answer.push(id);
-            if on_token(id)? == Step::Stop {
-                turn.ended = Ended::Stopped;
-                return Ok(turn);
-            }
-            if id == model.config.eos_token_id {
-                turn.ended = Ended::Eos;
-                return Ok(turn);
-            }
-            if turn.answer.len() == max_new {
-                break;
-            }
-            if self.ids.len() >= n {
-                turn.ended = Ended::ContextFull;
-                return Ok(turn);
+            for j in 0..self.seq.new_tokens().len() {
+                let id = self.seq.new_tokens()[j];
+                turn.answer.push(id);
+                let ended = if on_token(id)? == Step::Stop {
+                    Some(Ended::Stopped)
+                } else if id == model.config.eos_token_id {
+                    Some(Ended::Eos)
+                } else if turn.answer.len() == max_new {
+                    Some(Ended::Length)
+                } else if prompt + turn.answer.len() >= n {
+                    Some(Ended::ContextFull)
+                } else {
+                    None
+                };
+                if let Some(ended) = ended {
+                    self.seq.keep_generated(turn.answer.len()); // drafts accepted past the end go
+                    turn.ended = ended;
+                    return Ok(turn);
+                }
             }
             let t = Instant::now();
-            model.forward(&[id], &mut self.cache, &mut self.scratch, &mut NoTap, &mut self.logits)?;
+            self.seq.draft(1)?;
+            self.seq.feed(model, &mut self.scratch)?;
             turn.decode_time += t.elapsed();
             turn.decode_steps += 1;
         }
-        Ok(turn)
     }
 }

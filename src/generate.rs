@@ -64,7 +64,8 @@ pub struct Timings {
     pub decode_steps: usize,
     /// Forward calls (steps), prefill included: fewer than the tokens when drafts are accepted.
     pub forwards: usize,
-    /// Proposing drafts (part of `decode`).
+    /// The draft's work: its prefill of the prompt (part of `prefill`) and its proposals (part
+    /// of `decode`).
     pub draft: Duration,
     /// Choosing the tokens, all of them: already part of `prefill` (the first) and `decode`.
     pub sample: Duration,
@@ -153,7 +154,10 @@ pub fn generate_from(
         timings.sample += end - chosen;
         timings.sample_tokens += n;
         if made == 0 {
-            timings.prefill = end - start;
+            seq.prefill_draft()?;
+            let drafted = Instant::now();
+            timings.draft += drafted - end;
+            timings.prefill = drafted - start;
             timings.decode_steps += n - 1;
         } else {
             timings.decode += end - start;

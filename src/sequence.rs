@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvSpan};
 use crate::model::{Model, Rows, Scratch};
 use crate::sampler::{Sampler, Sampling};
-use crate::speculative::Speculation;
+use crate::speculative::{DraftConfig, Speculation};
 use crate::tap::Tap;
 
 pub struct Sequence {
@@ -36,14 +36,25 @@ impl Sequence {
     /// `prompt + max_new − 1` positions (the last token is never fed); errors if that exceeds
     /// the model's positions.
     pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Result<Sequence> {
-        let cfg = &model.config;
         check_prompt(model, prompt, max_new)?;
-        let capacity = prompt.len() + max_new.saturating_sub(1);
-        let mut ids = Vec::with_capacity(prompt.len() + max_new);
-        ids.extend_from_slice(prompt);
-        Ok(Sequence {
-            ids,
-            prompt_len: prompt.len(),
+        let mut seq = Sequence::with_capacity(model, prompt.len() + max_new.saturating_sub(1), sampling);
+        seq.ids.extend_from_slice(prompt);
+        seq.prompt_len = prompt.len();
+        Ok(seq)
+    }
+
+    /// A sequence with no ids yet and room for the model's whole context, extended turn by turn
+    /// with [`Sequence::append_prompt`] (a chat).
+    pub fn open(model: &Model, sampling: Sampling) -> Sequence {
+        Sequence::with_capacity(model, model.config.n_positions, sampling)
+    }
+
+    /// Empty, with a cache of `capacity` positions (ids may hold one more: the last is never fed).
+    fn with_capacity(model: &Model, capacity: usize, sampling: Sampling) -> Sequence {
+        let cfg = &model.config;
+        Sequence {
+            ids: Vec::with_capacity(capacity + 1),
+            prompt_len: 0,
             cache: KvCache::with_capacity(cfg, capacity),
             sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
             logits: vec![0.0; cfg.vocab_size],
@@ -52,13 +63,36 @@ impl Sequence {
             drafted: 0,
             spec: None,
             vocab: cfg.vocab_size,
-        })
+        }
+    }
+
+    /// Appends `new` ids, and makes the whole sequence so far the prompt (what penalties and
+    /// [`Sequence::generated`] count from): a chat's next turn. Errors if an id is not in the
+    /// vocabulary or the ids, all fed, would not fit the cache.
+    pub fn append_prompt(&mut self, new: &[u32]) -> Result<()> {
+        if let Some(&id) = new.iter().find(|&&id| id as usize >= self.vocab) {
+            return Err(Error::BadTokenId { id, vocab: self.vocab });
+        }
+        self.cache.check_room(self.ids.len() + new.len() - self.cache.len())?;
+        self.ids.extend_from_slice(new);
+        self.prompt_len = self.ids.len();
+        Ok(())
     }
 
     /// Decodes speculatively from now on, with this draft (see [`crate::speculative`]).
     pub fn speculate(&mut self, spec: Speculation) {
         self.logits.resize((1 + spec.max_k) * self.vocab, 0.0);
         self.spec = Some(spec);
+    }
+
+    /// Decodes speculatively from now on with a draft made by `cfg`, sized for this sequence.
+    pub fn speculate_with(&mut self, cfg: &DraftConfig) {
+        self.speculate(cfg.speculation(self.cache.capacity() + 1));
+    }
+
+    /// Decodes without a draft from now on.
+    pub fn stop_speculating(&mut self) {
+        self.spec = None;
     }
 
     /// The draft and what it did, if this sequence decodes speculatively.
@@ -82,6 +116,15 @@ impl Sequence {
         self.ids.extend_from_slice(&spec.proposed);
         self.drafted = spec.proposed.len();
         Ok(self.drafted)
+    }
+
+    /// Has the draft (if any) take in what the cache holds, once the prompt is computed, so
+    /// its prefill is not part of the first decode step.
+    pub fn prefill_draft(&mut self) -> Result<()> {
+        match &mut self.spec {
+            Some(spec) => spec.prefill(&self.ids[..self.cache.len()]),
+            None => Ok(()),
+        }
     }
 
     pub fn ids(&self) -> &[u32] {

@@ -202,8 +202,14 @@ fn engine(model: &Arc<Model>, cfg: EngineConfig) -> (EngineHandle, std::thread::
 type Answer = (Vec<u32>, Vec<(u64, Vec<(u32, u64)>)>, usize);
 
 fn submit(engine: &EngineHandle, prompt: &[u32], max_new: usize, sampling: Sampling) -> Events {
-    let req =
-        Request { prompt: prompt.to_vec(), max_new_tokens: max_new, sampling, stop_at_eos: false, logprobs: Some(3) };
+    let req = Request {
+        prompt: prompt.to_vec(),
+        max_new_tokens: max_new,
+        sampling,
+        stop_at_eos: false,
+        logprobs: Some(3),
+        speculative: false,
+    };
     engine.submit(req).unwrap()
 }
 
@@ -250,8 +256,9 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         // The single-sequence path: `generate`, for ids and the logprobs' source.
         let opts = GenerateOptions { max_new_tokens: 12, sampling, stop_at_eos: false, use_cache: true };
         let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap().generated_ids;
-        let start =
-            |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes, max_queue: 0 });
+        let start = |cache_bytes| {
+            engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes, max_queue: 0, draft: None })
+        };
         let (engine, thread) = start(16 << 20);
         let cold = answer(submit(&engine, &question(0), 12, sampling));
         assert_eq!(cold.0, want, "served alone = generate()");
@@ -275,8 +282,10 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
         thread.join().unwrap();
     }
     // And the engine against HF: every reference prompt's greedy ids, cold and then warm, all at once.
-    let (tx, thread) =
-        engine(&model, EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20, max_queue: 0 });
+    let (tx, thread) = engine(
+        &model,
+        EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20, max_queue: 0, draft: None },
+    );
     let prompts = reference.prompts();
     let rxs: Vec<_> =
         prompts.iter().chain(&prompts).map(|p| submit(&tx, &p.ids, p.greedy_ids.len(), Sampling::GREEDY)).collect();
@@ -302,7 +311,9 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
         q
     };
     let sampling = Sampling { temperature: 0.7, seed: 9, ..Sampling::GREEDY };
-    let spawn = |cache_bytes| engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes, max_queue: 0 });
+    let spawn = |cache_bytes| {
+        engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes, max_queue: 0, draft: None })
+    };
     let (engine, thread) = spawn(16 << 20);
     let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();
     let together: Vec<Answer> = rxs.into_iter().map(answer).collect();
@@ -328,7 +339,7 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
 fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
     let loaded = load_fixture();
     let model = Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
-    let cfg = EngineConfig { parallel: 1, batch_tokens: 16, cache_bytes: 0, max_queue: 1 };
+    let cfg = EngineConfig { parallel: 1, batch_tokens: 16, cache_bytes: 0, max_queue: 1, draft: None };
     let (h, thread) = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
     let req = Request {
         prompt: vec![464, 3797],
@@ -336,6 +347,7 @@ fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
         sampling: Sampling::GREEDY,
         stop_at_eos: false,
         logprobs: Some(3),
+        speculative: false,
     };
     let long = submit(&h, &[464], 120, Sampling::GREEDY); // holds the one slot for 120 steps
     assert!(matches!(h.submit_all(vec![req.clone(); 2]), Err(SubmitError::Busy { waiting: 0, limit: 1 })));

@@ -83,9 +83,7 @@ impl Session {
 }
 
 fn chat_reference() -> Vec<Value> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling_reference.json");
-    let v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    v["chat"].as_array().unwrap().clone()
+    sampling_reference()["chat"].as_array().unwrap().clone()
 }
 
 /// The stats line of a turn: (reused, computed).
@@ -100,11 +98,25 @@ fn stats(text: &str) -> (usize, usize) {
 
 #[test]
 fn turns_keep_the_cache_and_answer_as_hf() {
+    turns_as_hf(&[]);
+}
+
+/// With a draft the answers are HF's too, and the conversation holds exactly what was shown
+/// (drafts accepted past the end of an answer's line are dropped: the reuse counts are the same).
+#[test]
+fn turns_with_a_draft_answer_as_hf_and_say_what_was_drafted() {
+    for draft in ["self:w8a8", "lookup"] {
+        turns_as_hf(&["--draft", draft]);
+    }
+}
+
+fn turns_as_hf(extra: &[&str]) {
     let m = fixture_dir().to_string_lossy().into_owned();
     let dir = tempfile::tempdir().unwrap();
     let saved = dir.path().join("talk.kvc").to_string_lossy().into_owned();
     let turns = chat_reference();
-    let mut s = Session::start(&["--model", &m, "-n", "8"]);
+    let args = [&["--model", &m, "-n", "8"][..], extra].concat();
+    let mut s = Session::start(&args);
     s.wait_for("> ");
     let mut before = 0;
     for t in &turns {
@@ -119,6 +131,9 @@ fn turns_keep_the_cache_and_answer_as_hf() {
         let want = if before == 0 { (0, turn_len) } else { (before - 1, turn_len + 1) };
         assert_eq!(stats(&text), want, "{text}");
         assert!(text.contains("tok/s, sampling ") && text.contains(" ms/token"), "sampling timed: {text}");
+        if let Some(draft) = extra.get(1) {
+            assert!(text.contains(&format!(" | draft {draft}: accepted ")), "the drafts are reported: {text}");
+        }
         assert_eq!(t["ids_before_answer"].as_u64().unwrap() as usize, before + turn_len);
         before += turn_len + t["answer_ids"].as_array().unwrap().len();
         s.wait_for("> ");
@@ -138,7 +153,7 @@ fn turns_keep_the_cache_and_answer_as_hf() {
 
     // Another session: /load the saved conversation, and the same turn gets the same answer,
     // reusing every saved position.
-    let mut s = Session::start(&["--model", &m, "-n", "8"]);
+    let mut s = Session::start(&args);
     s.wait_for("> ");
     s.send(&format!("/load {saved}\n"));
     s.wait_for(&format!("(loaded {before} tokens and their K/V from {saved}"));

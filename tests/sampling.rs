@@ -9,11 +9,6 @@ use kvgpt::{generate, GenerateOptions, Sampling, Step};
 use serde_json::Value;
 use std::process::Command;
 
-fn sampling_reference() -> Value {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling_reference.json");
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
 fn kvgpt(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap()
 }

@@ -2,13 +2,15 @@
 //! Face's greedy ids and every token's logits bit for bit as decoding alone does; sampled, the
 //! same seed gives the same tokens, and over many seeds the tokens follow the model's own
 //! distribution (a chi-square test against probabilities computed here); after a rejection the
-//! caches hold exactly the accepted positions. Random weights repeat themselves, so how often a
+//! caches hold exactly the accepted positions; in the engine, batched and from the prompt cache,
+//! an answer ends exactly at end-of-text or its length, however many drafts a step accepted. Random weights repeat themselves, so how often a
 //! draft is accepted here says nothing about real text.
 
 mod common;
 
 use common::*;
-use kvgpt::speculative::{Draft, DraftSource, DraftStats, ModelDraft, Speculation};
+use kvgpt::engine::{self, EngineConfig, Event, NoMonitor, Request};
+use kvgpt::speculative::{Draft, DraftConfig, DraftSource, DraftStats, ModelDraft, Speculation};
 use kvgpt::{generate_from, GenerateOptions, KvCache, KvPart, Model, NoTap, Sampling, Scratch, Sequence, Step};
 use std::sync::Arc;
 
@@ -268,4 +270,72 @@ fn sampled_with_drafts_the_first_tokens_follow_the_models_distribution() {
     }
     let crit = chi2_critical(bins - 1);
     assert!(chi2 < crit, "chi-square {chi2:.1} over {bins} bins ≥ {crit:.1} (p < 0.001)");
+}
+
+/// (ids, logprob bits, finish, usage) of one engine sequence.
+type EngineRun = (Vec<u32>, Vec<u64>, Option<kvgpt::FinishReason>, kvgpt::engine::Usage);
+
+fn engine_run(events: kvgpt::engine::Events) -> EngineRun {
+    let (mut ids, mut lps) = (vec![], vec![]);
+    for e in events {
+        match e {
+            Event::Token { id, logprob } => {
+                ids.push(id);
+                lps.push(logprob.unwrap().logprob.to_bits());
+            }
+            Event::Done { finish, usage } => return (ids, lps, Some(finish), usage),
+            Event::Started { .. } => {}
+            Event::Error(e) => panic!("{e}"),
+        }
+    }
+    (ids, lps, None, Default::default())
+}
+
+#[test]
+fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
+    let reference = Reference::load();
+    let p = reference.prompts().into_iter().max_by_key(|p| p.greedy_ids.len()).unwrap();
+    // End-of-text becomes a token the model says in the middle of its answer (at `j`), so that a
+    // step of accepted drafts runs past it.
+    let j = (6..p.greedy_ids.len()).find(|&j| !p.greedy_ids[..j].contains(&p.greedy_ids[j])).unwrap();
+    let mut model = load_fixture().model;
+    model.config.eos_token_id = p.greedy_ids[j];
+    let model = Arc::new(model);
+    let itself = DraftConfig { source: DraftSource::Model(model.clone()), max_k: 8, cost: 0.0 };
+    let sampled = Sampling { temperature: 0.7, top_k: Some(8), seed: 5, ..Sampling::GREEDY };
+    let run = |draft: Option<DraftConfig>| -> Vec<EngineRun> {
+        let cfg = EngineConfig { parallel: 4, batch_tokens: 16, cache_bytes: 1 << 20, max_queue: 8, draft };
+        let (h, thread) = engine::spawn(model.clone(), cfg, Box::new(NoMonitor), None).unwrap();
+        let req = |stop_at_eos, sampling| Request {
+            prompt: p.ids.clone(),
+            max_new_tokens: p.greedy_ids.len(),
+            sampling,
+            stop_at_eos,
+            logprobs: Some(2),
+            speculative: true,
+        };
+        let reqs =
+            vec![req(true, Sampling::GREEDY), req(false, Sampling::GREEDY), req(true, sampled), req(false, sampled)];
+        // Twice: the second time from the prompt cache.
+        let mut out: Vec<EngineRun> = h.submit_all(reqs.clone()).unwrap().into_iter().map(engine_run).collect();
+        out.extend(h.submit_all(reqs).unwrap().into_iter().map(engine_run));
+        drop(h);
+        thread.join().unwrap();
+        out
+    };
+    let (plain, drafted) = (run(None), run(Some(itself)));
+    use kvgpt::FinishReason::{Eos, Length};
+    for (i, (a, d)) in plain.iter().zip(&drafted).enumerate() {
+        assert_eq!((&a.0, &a.1, a.2), (&d.0, &d.1, d.2), "sequence {i}: ids, logprobs and finish as without drafts");
+        assert_eq!(a.3.completion_tokens, d.3.completion_tokens, "sequence {i}");
+        assert_eq!(d.3.completion_tokens, d.0.len(), "sequence {i}: usage counts the tokens sent");
+        assert!(i < 4 || d.3.cached_tokens > 0, "sequence {i} came from the prompt cache");
+        assert_eq!(a.3.drafted_tokens, 0);
+    }
+    assert_eq!(drafted[0].0, p.greedy_ids[..=j], "greedy ends at end-of-text, HF's ids up to it");
+    assert_eq!(drafted[0].2, Some(Eos));
+    assert_eq!(drafted[1].0, p.greedy_ids, "greedy to the length: HF's ids");
+    assert_eq!(drafted[1].2, Some(Length));
+    let greedy = &drafted[1].3;
+    assert!(greedy.drafted_tokens > 0 && greedy.accepted_tokens == greedy.drafted_tokens, "itself agrees: {greedy:?}");
 }

@@ -4,6 +4,7 @@ use super::request::{Ending, Usage};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::prefix_cache::CacheStats;
+use crate::speculative::DraftConfig;
 use std::time::Duration;
 
 /// How the engine runs.
@@ -17,12 +18,24 @@ pub struct EngineConfig {
     pub cache_bytes: usize,
     /// Sequences that may wait for a slot; past that, [`SubmitError::Busy`].
     pub max_queue: usize,
+    /// Decode speculatively with this draft (each request that does not turn it off).
+    pub draft: Option<DraftConfig>,
 }
 
 impl EngineConfig {
-    /// The most K/V bytes the running sequences can hold: every slot at the full context.
+    /// The most K/V bytes the running sequences can hold: every slot at the full context (with
+    /// a draft model, its caches too).
     pub fn kv_limit(&self, model: &Model) -> usize {
-        self.parallel * model.config.n_positions * KvCache::bytes_per_position(&model.config)
+        let positions = model.config.n_positions;
+        let draft = self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions));
+        self.parallel * (positions * KvCache::bytes_per_position(&model.config) + draft)
+    }
+
+    /// The most rows one forward step can feed: the token budget, or every slot decoding with a
+    /// full draft (decode rows are never cut to the budget).
+    pub fn max_rows(&self) -> usize {
+        let drafts = self.draft.as_ref().map_or(0, |d| d.max_k);
+        self.batch_tokens.max(self.parallel * (1 + drafts)).max(1)
     }
 }
 

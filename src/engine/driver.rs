@@ -32,7 +32,7 @@ impl Engine {
     pub fn new(model: Arc<Model>, cfg: EngineConfig, inflight: Arc<AtomicUsize>) -> Engine {
         Engine {
             cache: PrefixCache::new(cfg.cache_bytes),
-            runner: Runner::new(model, cfg.batch_tokens),
+            runner: Runner::new(model, cfg.max_rows()),
             cfg,
             slots: vec![],
             waiting: VecDeque::new(),
@@ -127,6 +127,7 @@ impl Engine {
             batch_tokens: self.cfg.batch_tokens,
             prefix_cache: self.cfg.cache_bytes > 0,
         };
+        self.runner.draft(&mut self.slots)?;
         let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
         let waiting: Vec<_> = self.waiting.iter().map(Waiting::view).collect();
         let cache = &self.cache;
@@ -145,7 +146,12 @@ impl Engine {
         for w in self.waiting.drain(..n.min(self.waiting.len())) {
             // The handle checked the request; a failure here is memory, reported as an error.
             match Sequence::new(&self.runner.model, &w.req.prompt, w.req.max_new_tokens, w.req.sampling) {
-                Ok(seq) => self.slots.push(Slot::new(w, seq)),
+                Ok(mut seq) => {
+                    if let Some(d) = self.cfg.draft.as_ref().filter(|_| w.req.speculative) {
+                        seq.speculate_with(d);
+                    }
+                    self.slots.push(Slot::new(w, seq));
+                }
                 Err(e) => {
                     self.inflight.fetch_sub(1, Ordering::Relaxed);
                     let _ = w.events.send(Event::Error(e.to_string()));
@@ -169,11 +175,15 @@ impl Engine {
     }
 
     /// Sends each new token; the first one starts the stream and puts the prompt's K/V into the
-    /// prompt cache; a sequence at its end finishes.
+    /// prompt cache; a sequence at its end finishes (keeping no token made after its end in the
+    /// same step).
     fn update(&mut self, out: Vec<Output>, monitor: &mut dyn Monitor) {
         let eos = self.runner.model.config.eos_token_id;
-        let mut done = vec![];
+        let mut done: Vec<(usize, FinishReason)> = vec![];
         for Output { slot, token, logprob } in out {
+            if done.last().is_some_and(|&(d, _)| d == slot) {
+                continue; // ended at an earlier token of this step
+            }
             let s = &mut self.slots[slot];
             let now = Instant::now();
             if s.first_token.is_none() {
@@ -192,25 +202,28 @@ impl Engine {
                 monitor.token(now - s.last_token);
             }
             s.last_token = now;
+            s.sent += 1;
             s.send(Event::Token { id: token, logprob });
             if s.req.stop_at_eos && token == eos {
                 done.push((slot, FinishReason::Eos));
-            } else if s.seq.generated().len() >= s.req.max_new_tokens {
+            } else if s.sent >= s.req.max_new_tokens {
                 done.push((slot, FinishReason::Length));
             }
         }
         for &(slot, finish) in done.iter().rev() {
-            let s = self.slots.remove(slot); // `remove` keeps admission order
+            let mut s = self.slots.remove(slot); // `remove` keeps admission order
+            s.seq.keep_generated(s.sent);
             self.finish(s, Ending::Finished(finish), usize::MAX, monitor);
         }
     }
 
-    /// A sequence leaves: its K/V into the prompt cache (once it has started), its hold
+    /// A sequence leaves: its K/V into the prompt cache (once it has started, unless it failed), its hold
     /// released, its usage counted, and then, for a finish, `Done` (so whoever reads it finds the
     /// sequence no longer counted against the queue limit).
     fn finish(&mut self, mut s: Slot, ending: Ending, completion: usize, monitor: &mut dyn Monitor) {
         self.inflight.fetch_sub(1, Ordering::Relaxed);
-        if self.cfg.cache_bytes > 0 && s.first_token.is_some() {
+        // A failed step may have left unverified drafts (or half a step) in the cache.
+        if self.cfg.cache_bytes > 0 && s.first_token.is_some() && ending != Ending::Failed {
             self.cache.insert(s.seq.ids(), s.seq.cache());
         }
         if let Some(h) = s.hold.take() {

@@ -7,9 +7,10 @@
 //!    earlier sequence that has not produced its first token shares more of its prompt than the
 //!    cache holds: then it waits for that prompt to enter the cache rather than compute the same
 //!    prefix twice (the earliest always goes).
-//! 3. Rows: one for every sequence with one pending token (decoding, or a full cache hit), then
-//!    prompt chunks in admission order under the token budget, so a long new prompt never
-//!    stalls the streams that are already decoding.
+//! 3. Rows: every pending token of a decoding sequence (its last token, and any drafted after
+//!    it, all verified together) and of a full cache hit (one), then prompt chunks in admission
+//!    order under what is left of the token budget, so a long new prompt never stalls the
+//!    streams that are already decoding.
 
 use super::request::SeqId;
 
@@ -20,7 +21,7 @@ pub enum Phase {
     Admitted,
     /// Its prompt is being computed.
     Prefilling,
-    /// Has produced its first token; one row per step.
+    /// Has produced its first token; one row per step (more with drafts to verify).
     Decoding,
 }
 
@@ -83,13 +84,14 @@ pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) 
         slots[i].pending = prompt.len() - have;
     }
     let started = |s: &SlotView| s.phase != Phase::Admitted;
+    let whole = |s: &SlotView| started(s) && (s.phase == Phase::Decoding || s.pending == 1);
     let mut budget = limits.batch_tokens.max(1);
     let mut rows = vec![0; slots.len()];
-    for (r, _) in rows.iter_mut().zip(&slots).filter(|(_, s)| started(s) && s.pending == 1) {
-        *r = 1;
-        budget = budget.saturating_sub(1);
+    for (r, s) in rows.iter_mut().zip(&slots).filter(|(_, s)| whole(s)) {
+        *r = s.pending;
+        budget = budget.saturating_sub(s.pending);
     }
-    for (r, s) in rows.iter_mut().zip(&slots).filter(|(_, s)| started(s) && s.pending > 1) {
+    for (r, s) in rows.iter_mut().zip(&slots).filter(|(_, s)| started(s) && !whole(s)) {
         *r = budget.min(s.pending);
         budget -= *r;
     }
@@ -139,6 +141,20 @@ mod tests {
         // Decoding rows are never dropped, even past the budget.
         let p = plan(&running, &[], &none, Limits { batch_tokens: 1, ..LIMITS });
         assert_eq!(p.rows, [(2, 1), (4, 1)]);
+    }
+
+    #[test]
+    fn a_decoding_sequence_verifies_all_its_drafts_in_one_step_even_past_the_budget() {
+        let long = [7u32; 40];
+        let running = [
+            view(1, Phase::Prefilling, &long, 30),
+            view(2, Phase::Decoding, &long, 6), // its last token and five drafts
+            view(3, Phase::Decoding, &long, 1),
+        ];
+        let p = plan(&running, &[], &none, Limits { batch_tokens: 16, ..LIMITS });
+        assert_eq!(p.rows, [(1, 9), (2, 6), (3, 1)], "the drafts take 6 of 16; the prompt what is left");
+        let p = plan(&running, &[], &none, Limits { batch_tokens: 4, ..LIMITS });
+        assert_eq!(p.rows, [(2, 6), (3, 1)], "drafts are never cut to the budget");
     }
 
     #[test]

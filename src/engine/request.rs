@@ -20,6 +20,8 @@ pub struct Request {
     pub stop_at_eos: bool,
     /// Report each token's log-probability and this many alternatives (None: no logprobs).
     pub logprobs: Option<usize>,
+    /// Decode speculatively when the engine has a draft (the answer is the same either way).
+    pub speculative: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +58,11 @@ pub struct Usage {
     pub prompt_time: Duration,
     /// First token to the last.
     pub decode_time: Duration,
+    /// Speculative decoding: the verify steps that had drafts, the tokens drafted, and how many
+    /// of them the model accepted (`llama-server`'s `draft_n` / `draft_n_accepted`).
+    pub draft_steps: usize,
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
 }
 
 /// Why a front end ends a sequence early.

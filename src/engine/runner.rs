@@ -1,6 +1,8 @@
-//! The runner: executes a plan's rows as one batched forward, then samples every sequence that
-//! got its logits (with its log-probabilities when asked). It decides nothing.
+//! The runner: has the speculating sequences draft, executes a plan's rows as one batched
+//! forward, then samples every sequence that got its logits (with its log-probabilities when
+//! asked). It decides nothing: how many tokens to draft is each sequence's own choice.
 
+use super::policy::Phase;
 use super::request::SeqId;
 use super::slot::Slot;
 use crate::error::Result;
@@ -26,8 +28,19 @@ impl Runner {
         Runner { model, scratch }
     }
 
+    /// Every decoding sequence that speculates drafts the tokens this step verifies (before
+    /// the plan, which gives a decoding sequence all its pending rows).
+    pub fn draft(&mut self, slots: &mut [Slot]) -> Result<()> {
+        let decoding = slots.iter().filter(|s| s.phase == Phase::Decoding).count();
+        for s in slots.iter_mut().filter(|s| s.phase == Phase::Decoding) {
+            s.seq.draft(decoding)?;
+        }
+        Ok(())
+    }
+
     /// Feeds `rows` (sequence, rows; in slot order) in one forward, then samples the next token
-    /// of each sequence that fed its last pending token.
+    /// of each sequence that fed its last pending token: one output per token it appended (more
+    /// than one when drafts were accepted), in order.
     pub fn execute(&mut self, slots: &mut [Slot], rows: &[(SeqId, usize)]) -> Result<Vec<Output>> {
         let mut plan = rows.iter().peekable();
         let mut batch = Vec::with_capacity(rows.len());
@@ -49,9 +62,14 @@ impl Runner {
             if s.seq.pending() > 0 {
                 continue; // still prefilling
             }
-            let token = s.seq.sample();
-            let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.logits(), token, k));
-            out.push(Output { slot: i, token, logprob });
+            s.seq.sample();
+            if s.phase != Phase::Decoding {
+                s.seq.prefill_draft()?; // its first token: the draft takes in the prompt
+            }
+            for (j, &token) in s.seq.new_tokens().iter().enumerate() {
+                let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.new_logits(j), token, k));
+                out.push(Output { slot: i, token, logprob });
+            }
         }
         Ok(out)
     }

@@ -40,6 +40,8 @@ pub(super) struct Slot {
     pub admitted: Instant,
     pub first_token: Option<Instant>,
     pub last_token: Instant,
+    /// Generated tokens sent (a step may make several; those after an end are not sent).
+    pub sent: usize,
 }
 
 impl Slot {
@@ -57,6 +59,7 @@ impl Slot {
             admitted: now,
             first_token: None,
             last_token: now,
+            sent: 0,
         }
     }
 
@@ -78,6 +81,7 @@ impl Slot {
         let now = Instant::now();
         let first = self.first_token.unwrap_or(now);
         let prompt = self.seq.prompt().len();
+        let drafts = self.seq.speculation().map(|s| s.stats).unwrap_or_default();
         Usage {
             prompt_tokens: prompt,
             cached_tokens: self.cached,
@@ -86,6 +90,9 @@ impl Slot {
             queue: self.admitted - self.submitted,
             prompt_time: first - self.admitted,
             decode_time: now - first,
+            draft_steps: drafts.steps,
+            drafted_tokens: drafts.drafted,
+            accepted_tokens: drafts.accepted,
         }
     }
 }

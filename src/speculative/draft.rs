@@ -63,7 +63,28 @@ impl ModelDraft {
     }
 }
 
+impl ModelDraft {
+    /// Forgets what the target did not accept (the longest common prefix of `seen` and `ids`
+    /// is kept, but at most `keep`), then feeds the rest of `ids` (`logits`: the last one's).
+    fn catch_up(&mut self, ids: &[u32], keep: usize, logits: bool) -> Result<()> {
+        let common = self.seen.iter().zip(ids).take_while(|(a, b)| a == b).count().min(keep);
+        self.seen.truncate(common);
+        self.cache.truncate(common);
+        if common < ids.len() {
+            let out = if logits { &mut self.logits[..] } else { &mut [] };
+            self.model.run(&ids[common..], &mut self.cache, &mut self.scratch, out)?;
+            self.seen.extend_from_slice(&ids[common..]);
+        }
+        Ok(())
+    }
+}
+
 impl Draft for ModelDraft {
+    fn prefill(&mut self, ids: &[u32]) -> Result<()> {
+        let ids = &ids[..ids.len().min(self.cache.capacity())];
+        self.catch_up(ids, ids.len(), false)
+    }
+
     fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
         out.clear();
         // Room: every id and k − 1 drafts are fed (the last draft never is).
@@ -71,13 +92,9 @@ impl Draft for ModelDraft {
         if k == 0 || ids.is_empty() {
             return Ok(());
         }
-        // Keep what the target accepted, and always feed at least the last id (for its logits).
-        let common = self.seen.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len() - 1);
-        self.seen.truncate(common);
-        self.cache.truncate(common);
+        // Always feed at least the last id, for its logits.
+        self.catch_up(ids, ids.len() - 1, true)?;
         let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
-        model.run(&ids[common..], cache, scratch, &mut self.logits)?;
-        self.seen.extend_from_slice(&ids[common..]);
         loop {
             let t = argmax(&self.logits);
             out.push(t);

@@ -23,10 +23,18 @@ mod draft;
 pub use draft::{DraftSource, Lookup, ModelDraft};
 
 use crate::error::Result;
+use crate::kv_cache::KvCache;
 
 /// Proposes up to `k` tokens to follow `ids` (the accepted sequence so far) into `out`.
 pub trait Draft: Send {
     fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()>;
+
+    /// Takes in `ids` (the prompt, once the target has computed it) ahead of the first
+    /// proposal, so that the draft's own prefill is part of the prompt's time, not the first
+    /// decode step's. Drafts without state need nothing.
+    fn prefill(&mut self, _ids: &[u32]) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What drafting did.
@@ -137,6 +145,11 @@ impl Speculation {
     }
 
     /// Proposes up to `k` tokens after `ids` into [`Speculation::proposed`].
+    /// The draft's prefill of `ids` ([`Draft::prefill`]).
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<()> {
+        self.draft.prefill(ids)
+    }
+
     pub fn propose(&mut self, ids: &[u32], k: usize) -> Result<()> {
         self.proposed.clear();
         if k > 0 {
@@ -170,7 +183,34 @@ pub struct DraftConfig {
     pub cost: f64,
 }
 
+impl std::fmt::Debug for DraftConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match &self.source {
+            DraftSource::Lookup { max_ngram } => format!("lookup (n-grams up to {max_ngram})"),
+            DraftSource::Model(m) => format!("a model of {} layers × {}", m.config.n_layer, m.config.n_embd),
+        };
+        f.debug_struct("DraftConfig").field("source", &source).field("max_k", &self.max_k).finish()
+    }
+}
+
 impl DraftConfig {
+    /// Bytes of the draft model's weights (0 for lookup): the memory drafting costs, beside
+    /// [`DraftConfig::kv_bytes`] per sequence.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.source {
+            DraftSource::Lookup { .. } => 0,
+            DraftSource::Model(m) => m.weight_bytes(),
+        }
+    }
+
+    /// Bytes of one sequence's draft cache at `positions` positions.
+    pub fn kv_bytes(&self, positions: usize) -> usize {
+        match &self.source {
+            DraftSource::Lookup { .. } => 0,
+            DraftSource::Model(m) => positions * KvCache::bytes_per_position(&m.config),
+        }
+    }
+
     /// One sequence's speculation, its draft sized for `capacity` positions.
     pub fn speculation(&self, capacity: usize) -> Speculation {
         Speculation::new(self.source.make(capacity), self.max_k, self.cost)

@@ -84,6 +84,13 @@ impl Reference {
     }
 }
 
+/// tests/fixtures/sampling_reference.json: Hugging Face's greedy ids with repetition penalties
+/// (`cases`) and a chat's turns (`chat`).
+pub fn sampling_reference() -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sampling_reference.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)

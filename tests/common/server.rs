@@ -21,7 +21,16 @@ impl Server {
 
     /// As [`Server::start`], with these environment variables set.
     pub fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let model = fixture_dir().display().to_string();
+        Server::launch(&fixture_dir(), extra, env)
+    }
+
+    /// A server for the model in `dir` (not the fixture).
+    pub fn start_model(dir: &std::path::Path, extra: &[&str]) -> Server {
+        Server::launch(dir, extra, &[])
+    }
+
+    fn launch(dir: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let model = dir.display().to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
             .args(["serve", "--model", &model, "--port", "0", "-t", "2"])
             .args(extra)

@@ -27,6 +27,8 @@ pub struct ChatArgs {
     pub max_new_tokens: u32,
     #[command(flatten)]
     pub sampling: crate::common::SamplingArgs,
+    #[command(flatten)]
+    pub draft: crate::draft::DraftArgs,
     /// When the context is full, keep the last N tokens and compute their K/V again (GPT-2's
     /// learned positions cannot be shifted), instead of stopping with the options.
     #[arg(long, value_name = "N")]
@@ -53,7 +55,11 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
     signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted.clone())
         .context("could not install the Ctrl-C handler")?;
 
+    let drafting = a.draft.load(&a.model, &loaded)?;
     let mut chat = Chat::new(model, sampling);
+    if let Some(d) = &drafting {
+        chat.speculate(&d.config);
+    }
     let mut opening = a.system.as_ref().map(|s| format!("{s}\n\n")).unwrap_or_default();
     let mut line_open = false; // the last answer did not end its line
     errln!(
@@ -87,7 +93,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                 continue;
             }
             ("/reset", _) => {
-                chat.reset();
+                chat.reset()?;
                 opening = a.system.as_ref().map(|s| format!("{s}\n\n")).unwrap_or_default();
                 line_open = false;
                 outln!("(the conversation and its cache are cleared)");
@@ -161,6 +167,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         let mut shown = String::new();
         let eos = model.config.eos_token_id;
         let mut ended_line = false;
+        let drafts_before = chat.drafts().unwrap_or_default();
         let turn = chat.turn(model, &new, max_new, &mut |id| {
             if interrupted.load(Ordering::SeqCst) {
                 return Ok(Step::Stop);
@@ -191,11 +198,21 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             Ended::ContextFull => "the context is full",
         };
         // Decode steps include choosing their tokens; sampling is also shown alone.
-        let tps = if turn.decode_steps > 0 { turn.decode_steps as f64 / turn.decode_time.as_secs_f64() } else { 0.0 };
+        let decoded = turn.answer.len().saturating_sub(1); // the tokens after the first
+        let tps = if decoded > 0 { decoded as f64 / turn.decode_time.as_secs_f64() } else { 0.0 };
+        let draft = match (&drafting, chat.drafts()) {
+            (Some(d), Some(now)) => format!(
+                " | draft {}: accepted {} of {} drafted tokens",
+                d.name,
+                now.accepted - drafts_before.accepted,
+                now.drafted - drafts_before.drafted
+            ),
+            _ => String::new(),
+        };
         let sample_ms = turn.sample_time.as_secs_f64() * 1e3 / turn.answer.len().max(1) as f64;
         errln!(
             "[kvgpt] reused {} cached positions, computed {} ({:.1} ms) | answer {} tokens, decode {tps:.1} tok/s, \
-             sampling {sample_ms:.3} ms/token | context {}/{n} | ended: {why}",
+             sampling {sample_ms:.3} ms/token{draft} | context {}/{n} | ended: {why}",
             turn.reused,
             turn.prefilled,
             turn.prefill_time.as_secs_f64() * 1e3,

@@ -41,7 +41,7 @@ pub struct Drafting {
 impl Drafting {
     /// Gives `seq` its own draft (its cache sized like the sequence's).
     pub fn attach(&self, seq: &mut Sequence) {
-        seq.speculate(self.config.speculation(seq.cache().capacity() + 1));
+        seq.speculate_with(&self.config);
     }
 
     /// What the `--json` outputs say about it.

@@ -61,6 +61,7 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) ->
                 sampling: kvgpt::Sampling { seed: params.sampling.seed.wrapping_add(j as u64), ..params.sampling },
                 stop_at_eos: !params.ignore_eos,
                 logprobs: params.logprobs,
+                speculative: params.speculative,
             });
         }
         prompt_ids.push(ids);

@@ -78,6 +78,9 @@ pub struct Params {
     pub logprobs: Option<usize>,
     pub n: usize,
     pub ignore_eos: bool,
+    /// kvgpt's `speculative`: decode with the server's draft (`--draft`), on by default; the
+    /// answer is the same either way.
+    pub speculative: bool,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -155,6 +158,7 @@ const COMMON_FIELDS: &[&str] = &[
     "frequency_penalty",
     "repetition_penalty",
     "ignore_eos",
+    "speculative",
     "user",
     "cache_prompt",
 ];
@@ -189,8 +193,12 @@ fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
 }
 
 fn boolean(m: &Map<String, Value>, key: &str) -> ApiResult<bool> {
+    boolean_or(m, key, false)
+}
+
+fn boolean_or(m: &Map<String, Value>, key: &str, default: bool) -> ApiResult<bool> {
     match field(m, key) {
-        None => Ok(false),
+        None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
         Some(v) => Err(ApiError::bad(key, format!("`{key}` must be true or false, got {}", kind(v)))),
     }
@@ -298,6 +306,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
         logprobs: None,
         n: int(m, "n", 1, MAX_N as i64)?.unwrap_or(1) as usize,
         ignore_eos: boolean(m, "ignore_eos")?,
+        speculative: boolean_or(m, "speculative", true)?,
         stream,
         include_usage,
     })

@@ -54,8 +54,18 @@ pub async fn drive(
                 }
                 if stopped {
                     engine.cancel(events.id, CancelReason::Stop { tokens: completion_tokens });
-                    let (cached_tokens, queue, prompt_time) = started.unwrap_or_default();
-                    let usage = Usage { cached_tokens, completion_tokens, queue, prompt_time, ..Usage::default() };
+                    // The engine answers with its usage (draft counts, times) within a step.
+                    let mut usage = loop {
+                        match events.recv().await {
+                            Some(Event::Done { usage, .. }) => break usage,
+                            Some(Event::Token { .. } | Event::Started { .. }) => continue,
+                            Some(Event::Error(_)) | None => {
+                                let (cached_tokens, queue, prompt_time) = started.unwrap_or_default();
+                                break Usage { cached_tokens, queue, prompt_time, ..Usage::default() };
+                            }
+                        }
+                    };
+                    usage.completion_tokens = completion_tokens; // it may have made more before the stop
                     return Ok(Some(Ended { finish_reason: "stop", usage }));
                 }
             }

@@ -56,6 +56,16 @@ impl Metrics {
             metrics::describe_counter!("kvgpt_prompt_cache_lookups_total", "prompt cache lookups");
             metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
             metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
+            metrics::describe_gauge!("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)");
+            metrics::describe_counter!(
+                "kvgpt_spec_decode_num_drafts_total",
+                "verify steps of finished sequences that checked drafted tokens"
+            );
+            metrics::describe_counter!("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted");
+            metrics::describe_counter!(
+                "kvgpt_spec_decode_num_accepted_tokens_total",
+                "drafted tokens the model accepted (each one a token made without a step of its own)"
+            );
             // Present from the first scrape, at zero, so a rate() has a start.
             for name in [
                 "kvgpt_prompt_tokens_total",
@@ -64,6 +74,9 @@ impl Metrics {
                 "kvgpt_prompt_cache_evictions_total",
                 "kvgpt_prompt_cache_lookups_total",
                 "kvgpt_prompt_cache_hits_total",
+                "kvgpt_spec_decode_num_drafts_total",
+                "kvgpt_spec_decode_num_draft_tokens_total",
+                "kvgpt_spec_decode_num_accepted_tokens_total",
             ] {
                 counter!(name).absolute(0);
             }
@@ -102,9 +115,10 @@ impl Metrics {
         stable_order(&self.handle.render())
     }
 
-    pub fn limits(&self, weights: usize, kv: usize, cache: usize) {
+    pub fn limits(&self, weights: usize, draft_weights: usize, kv: usize, cache: usize) {
         self.with(|| {
             gauge!("kvgpt_weights_bytes").set(weights as f64);
+            gauge!("kvgpt_draft_weights_bytes").set(draft_weights as f64);
             gauge!("kvgpt_kv_cache_limit_bytes").set(kv as f64);
             gauge!("kvgpt_prompt_cache_limit_bytes").set(cache as f64);
         });
@@ -155,6 +169,9 @@ impl Monitor for EngineMonitor {
             counter!("kvgpt_prompt_cached_tokens_total").increment(u.cached_tokens as u64);
             counter!("kvgpt_generated_tokens_total").increment(u.completion_tokens as u64);
             counter!("kvgpt_sequences_finished_total", "reason" => ending.label()).increment(1);
+            counter!("kvgpt_spec_decode_num_drafts_total").increment(u.draft_steps as u64);
+            counter!("kvgpt_spec_decode_num_draft_tokens_total").increment(u.drafted_tokens as u64);
+            counter!("kvgpt_spec_decode_num_accepted_tokens_total").increment(u.accepted_tokens as u64);
             if ending == Ending::Cancelled {
                 counter!("kvgpt_sequences_cancelled_total").increment(1);
             }

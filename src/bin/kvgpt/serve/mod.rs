@@ -23,6 +23,7 @@ mod metrics;
 mod responses;
 
 use crate::common::{load, ModelArgs};
+use crate::draft::DraftArgs;
 use anyhow::{Context, Result};
 use axum::body::Body;
 use axum::extract::State;
@@ -42,6 +43,8 @@ use std::time::Duration;
 pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 serves every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -157,8 +160,13 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let server = tokio::spawn(listen::serve(listener, router, deadlines, shutdown_signal()));
 
     // Load while the listener already answers /health with 503.
-    let model_args = a.model.clone();
-    let loaded = tokio::task::spawn_blocking(move || load(&model_args)).await??;
+    let (model_args, draft_args) = (a.model.clone(), a.draft.clone());
+    let (loaded, drafting) = tokio::task::spawn_blocking(move || -> Result<_> {
+        let loaded = load(&model_args)?;
+        let drafting = draft_args.load(&model_args, &loaded)?;
+        Ok((loaded, drafting))
+    })
+    .await??;
     let model = Arc::new(loaded.model);
     let cfg = &model.config;
     let weights = model.weight_bytes();
@@ -167,7 +175,9 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         batch_tokens: a.batch_tokens as usize,
         cache_bytes: a.cache_mb as usize * (1 << 20),
         max_queue: a.max_queue as usize,
+        draft: drafting.as_ref().map(|d| d.config.clone()),
     };
+    let draft_weights = engine_cfg.draft.as_ref().map_or(0, |d| d.weight_bytes());
     let kv_limit = engine_cfg.kv_limit(&model);
     let cache_bytes = engine_cfg.cache_bytes;
     let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kvgpt-kernel-{i}"));
@@ -176,13 +186,19 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     }
     let pool = pool.build().context("could not start the worker threads")?;
     let threads = pool.current_num_threads();
-    app.metrics.limits(weights, kv_limit, cache_bytes);
+    app.metrics.limits(weights, draft_weights, kv_limit, cache_bytes);
     let (engine, engine_thread) = engine::spawn(model.clone(), engine_cfg, Box::new(app.metrics.monitor()), Some(pool))
         .context("could not start the engine thread")?;
     let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
+    let draft = match &drafting {
+        Some(d) => format!(" | draft {} (up to {} tokens a step)", d.name, d.config.max_k),
+        None => String::new(),
+    };
+    let draft_memory =
+        if draft_weights > 0 { format!(" + draft weights {:.1} MB", mb(draft_weights)) } else { String::new() };
     tracing::info!(
-        "{} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights | memory: weights \
-         {:.1} MB + K/V of {} slots ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
+        "{} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights{draft} | memory: weights \
+         {:.1} MB{draft_memory} + K/V of {} slots ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
         loaded.files.name,
         cfg.n_positions,
         threads,
@@ -192,7 +208,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         a.parallel,
         mb(kv_limit),
         mb(cache_bytes),
-        mb(weights + kv_limit + cache_bytes)
+        mb(weights + draft_weights + kv_limit + cache_bytes)
     );
     let ready = Ready {
         tok: loaded.tokenizer,

@@ -176,12 +176,20 @@ fn usage_json(usages: &[(usize, Usage)]) -> Value {
     let prompt_ms: f64 = usages.iter().map(|(_, u)| ms(u.prompt_time)).sum();
     let predicted_ms: f64 = usages.iter().map(|(_, u)| ms(u.decode_time)).sum();
     let computed = prompt - cached;
+    let drafted: usize = usages.iter().map(|(_, u)| u.drafted_tokens).sum();
+    let accepted: usize = usages.iter().map(|(_, u)| u.accepted_tokens).sum();
     let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
+        // Speculative decoding (`--draft`), under OpenAI's names for predicted tokens; unlike
+        // OpenAI's, rejected ones are not counted in `completion_tokens`.
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        },
         "timings": {
             "cache_n": cached,
             "prompt_n": computed,
@@ -190,6 +198,8 @@ fn usage_json(usages: &[(usize, Usage)]) -> Value {
             "predicted_n": completion,
             "predicted_ms": predicted_ms,
             "predicted_per_second": per_s(completion.saturating_sub(usages.len()), predicted_ms),
+            "draft_n": drafted,
+            "draft_n_accepted": accepted,
             "queue_ms": usages.iter().map(|(_, u)| ms(u.queue)).fold(0.0, f64::max),
         },
     })
