@@ -2,12 +2,14 @@
 //! decoding, greedy against sampled decoding, per-token latency percentiles, time to first token,
 //! peak memory and a read-bandwidth probe. Tokenization is excluded (ids are synthetic). A prefill
 //! row times its forward pass; a decode step is timed as `generate` counts it: choosing the next
-//! token (greedy's argmax, or the sampler on sampled rows) and the forward pass over it.
+//! token (greedy's argmax, or the sampler on sampled rows) and the forward pass over it; with a
+//! draft, a step also verifies the drafted tokens and drafts the next ones.
 
 use crate::error::{Error, Result};
 use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::{Sampler, Sampling};
 use crate::sequence::Sequence;
+use crate::speculative::{DraftConfig, DraftStats};
 use std::time::{Duration, Instant};
 
 /// What to measure.
@@ -26,6 +28,8 @@ pub struct BenchSpec {
     /// Also decode (cached) choosing the tokens with this sampler: a sampled row beside each
     /// greedy one, interleaved with it.
     pub sampling: Option<Sampling>,
+    /// Also decode (cached, greedy) speculatively with this draft: a row beside each greedy one.
+    pub draft: Option<DraftConfig>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,13 +42,17 @@ pub enum Test {
     /// `gen` decode steps of `batch` sequences together (one forward over their rows per step),
     /// each after its own `prompt`-token prefill, cached.
     Batched { prompt: usize, gen: usize, batch: usize },
+    /// `gen` tokens decoded speculatively (greedy, cached) with the spec's draft after a
+    /// `prompt`-token prefill (the draft's prefill is not timed, as the target's is not): a
+    /// step verifies the last drafts, drafts again and feeds them.
+    Drafted { prompt: usize, gen: usize },
 }
 
 impl Test {
     pub fn name(&self) -> String {
         match self {
             Test::Prefill { prompt } => format!("pp{prompt}"),
-            Test::Decode { gen, .. } => format!("tg{gen}"),
+            Test::Decode { gen, .. } | Test::Drafted { gen, .. } => format!("tg{gen}"),
             Test::Batched { gen, batch, .. } => format!("tg{gen}x{batch}"),
         }
     }
@@ -58,6 +66,8 @@ pub struct Row {
     pub tok_s: Vec<f64>,
     /// Milliseconds of each timed forward call (one per prefill, one per decode step).
     pub step_ms: Vec<f64>,
+    /// What drafting did, over every timed repetition (drafted rows).
+    pub drafts: DraftStats,
 }
 
 /// Mean and sample standard deviation.
@@ -95,7 +105,11 @@ struct Runner<'a> {
     batch: Vec<Sequence>,
     /// The sampler of sampled rows (its stream goes on from row to row).
     sampler: Option<Sampler>,
+    draft: Option<DraftConfig>,
 }
+
+/// One repetition: tokens per second, each timed call's milliseconds, and what drafting did.
+type Rep = (f64, Vec<f64>, DraftStats);
 
 impl Runner<'_> {
     /// Feeds the sequence's pending tokens (all of them, if `recompute`), timed from `start`.
@@ -107,14 +121,15 @@ impl Runner<'_> {
         Ok(start.elapsed())
     }
 
-    /// Runs one repetition of `test`; returns (tokens/s, per-call milliseconds).
-    fn run(&mut self, test: Test) -> Result<(f64, Vec<f64>)> {
+    /// Runs one repetition of `test`.
+    fn run(&mut self, test: Test) -> Result<Rep> {
         let v = self.model.config.vocab_size;
+        let none = DraftStats::default();
         match test {
             Test::Prefill { prompt } => {
                 self.seq.restart(&prompt_ids(prompt, v))?;
                 let d = self.timed_feed(Instant::now(), false)?;
-                Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3]))
+                Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3], none))
             }
             Test::Decode { prompt, gen, cached, sampled } => {
                 self.seq.restart(&prompt_ids(prompt, v))?;
@@ -135,7 +150,28 @@ impl Runner<'_> {
                     steps.push(d.as_secs_f64() * 1e3);
                 }
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;
-                Ok((gen as f64 / total, steps))
+                Ok((gen as f64 / total, steps, none))
+            }
+            Test::Drafted { prompt, gen } => {
+                let draft = self.draft.as_ref().ok_or_else(|| Error::Invalid("a drafted row needs a draft".into()))?;
+                let seq = &mut self.seq;
+                seq.restart(&prompt_ids(prompt, v))?;
+                seq.speculate_with(draft); // a fresh draft: no state from the last run
+                seq.feed(self.model, &mut self.scratch)?;
+                seq.prefill_draft()?;
+                let (mut steps, mut made) = (Vec::with_capacity(gen), 0);
+                while made < gen {
+                    let start = Instant::now();
+                    seq.sample(); // greedy, verifying the drafts fed with the last token
+                    made += seq.new_tokens().len();
+                    seq.draft(1)?;
+                    seq.feed(self.model, &mut self.scratch)?;
+                    steps.push(start.elapsed().as_secs_f64() * 1e3);
+                }
+                let total: f64 = steps.iter().sum::<f64>() / 1e3;
+                let stats = seq.speculation().map(|s| s.stats).unwrap_or_default();
+                seq.stop_speculating();
+                Ok((made as f64 / total, steps, stats))
             }
             Test::Batched { prompt, gen, batch } => {
                 let full = self.model.config.n_positions - 1;
@@ -159,7 +195,7 @@ impl Runner<'_> {
                     steps.push(start.elapsed().as_secs_f64() * 1e3);
                 }
                 let total: f64 = steps.iter().sum::<f64>() / 1e3;
-                Ok(((batch * gen) as f64 / total, steps))
+                Ok(((batch * gen) as f64 / total, steps, none))
             }
         }
     }
@@ -173,6 +209,9 @@ pub fn tests(spec: &BenchSpec) -> Vec<Test> {
             t.push(Test::Decode { prompt, gen, cached: true, sampled: false });
             if spec.sampling.is_some() {
                 t.push(Test::Decode { prompt, gen, cached: true, sampled: true });
+            }
+            if spec.draft.is_some() {
+                t.push(Test::Drafted { prompt, gen });
             }
             if spec.uncached {
                 t.push(Test::Decode { prompt, gen, cached: false, sampled: false });
@@ -191,7 +230,8 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
     let cfg = &model.config;
     let tests = tests(spec);
     for t in &tests {
-        if let Test::Decode { prompt, gen, .. } | Test::Batched { prompt, gen, .. } = t {
+        if let Test::Decode { prompt, gen, .. } | Test::Batched { prompt, gen, .. } | Test::Drafted { prompt, gen } = t
+        {
             crate::sequence::check_fed(model, *prompt, *gen)?;
         } else if let Test::Prefill { prompt } = t {
             crate::sequence::check_fed(model, *prompt, 0)?;
@@ -203,6 +243,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
             Test::Prefill { prompt } => *prompt,
             Test::Decode { prompt, gen, cached: false, .. } => prompt + gen,
             Test::Decode { prompt, .. } => *prompt,
+            Test::Drafted { prompt, .. } => (*prompt).max(1 + spec.draft.as_ref().map_or(0, |d| d.max_k)),
             Test::Batched { prompt, batch, .. } => (*prompt).max(*batch),
         })
         .max()
@@ -215,16 +256,19 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
         batch: vec![],
         sampler: spec.sampling.map(|s| Sampler::with_isa(s, cfg.vocab_size, model.isa())),
+        draft: spec.draft.clone(),
     };
-    let mut rows: Vec<Row> = tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![] }).collect();
+    let mut rows: Vec<Row> =
+        tests.iter().map(|&test| Row { test, tok_s: vec![], step_ms: vec![], drafts: DraftStats::default() }).collect();
     for t in &tests {
         r.run(*t)?; // warm-up
     }
     for rep in 0..spec.reps {
         for row in rows.iter_mut() {
-            let (tok_s, steps) = r.run(row.test)?;
+            let (tok_s, steps, drafts) = r.run(row.test)?;
             row.tok_s.push(tok_s);
             row.step_ms.extend(steps);
+            row.drafts.add(drafts);
             progress(&row.test, rep);
         }
     }

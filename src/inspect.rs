@@ -3,6 +3,9 @@
 //!
 //! Stitching is what lets `inspect attention --generate N` show the full lower-triangular matrix
 //! over the final sequence although each decode step only computed its own row.
+//!
+//! [`rounds`]: speculative decoding step by step (drafted, accepted, the model's token, the cache
+//! before and after the rollback).
 
 use crate::error::Result;
 use crate::kv_cache::KvCache;
@@ -11,6 +14,9 @@ use crate::sampler::argmax;
 use crate::sampler::Sampling;
 use crate::sequence::Sequence;
 use crate::tap::{Point, Recorder};
+
+mod rounds;
+pub use rounds::{rounds, Round};
 
 /// What a traced run recorded.
 pub struct Trace {

@@ -1,5 +1,5 @@
 //! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached, greedy
-//! against sampled.
+//! against sampled, plain against speculative.
 
 use crate::common::{load, print_json, sampler_words, ModelArgs, Outcome, SamplingArgs};
 use anyhow::{bail, Result};
@@ -38,6 +38,10 @@ pub struct BenchArgs {
     /// row, interleaved with it, and their ratio.
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    /// --draft adds a speculative (greedy) row beside each cached greedy decode row, interleaved
+    /// with it: its tok/s against plain decode, its acceptance and tokens per verify step.
+    #[command(flatten)]
+    pub draft: crate::draft::DraftArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -62,6 +66,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let m = &loaded.model;
     let cfg = &m.config;
     let sampling = a.sampling.sampling()?;
+    let drafting = a.draft.load(&a.model, &loaded)?;
     let spec = BenchSpec {
         prompts: a.prompts.clone(),
         gens: a.gens.clone(),
@@ -69,6 +74,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         uncached: !a.no_uncached,
         batches: a.batches.clone(),
         sampling: (!sampling.is_greedy() || sampling.penalizes()).then_some(sampling),
+        draft: drafting.as_ref().map(|d| d.config.clone()),
     };
     let total = kvgpt::bench::tests(&spec).len() * spec.reps;
     let mut done = 0;
@@ -103,7 +109,8 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         read_bandwidth_gb_s: bw,
     };
     let sampler = sampler_words(&sampling);
-    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header, &sampler)).collect();
+    let draft = drafting.as_ref().map_or("", |d| d.name.as_str());
+    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header, &sampler, draft)).collect();
     match a.output {
         Format::Json => print_json(&serde_json::to_value(&reports)?)?,
         Format::Csv => print_csv(&reports)?,
@@ -160,12 +167,21 @@ struct RowReport<'a> {
     batch: usize,
     /// How each decode step chose its token: "greedy", or the sampler's settings.
     sampler: &'a str,
+    /// Drafted rows: the draft, the share of drafted tokens accepted, and tokens per verify step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draft: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acceptance: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens_per_step: Option<f64>,
 }
 
 impl<'a> RowReport<'a> {
-    fn of(r: &Row, h: &'a Header, sampler: &'a str) -> RowReport<'a> {
+    fn of(r: &Row, h: &'a Header, sampler: &'a str, draft: &'a str) -> RowReport<'a> {
         let (avg, sd) = mean_sd(&r.tok_s);
+        let drafted = matches!(r.test, Test::Drafted { .. });
         let (prompt, gen, mode, batch) = match r.test {
+            Test::Drafted { prompt, gen } => (prompt, gen, "drafted", 1),
             Test::Prefill { prompt } => (prompt, 0, "cached", 1),
             Test::Decode { prompt, gen, sampled: true, .. } => (prompt, gen, "sampled", 1),
             Test::Decode { prompt, gen, cached, .. } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
@@ -194,6 +210,9 @@ impl<'a> RowReport<'a> {
             git: h.git,
             batch,
             sampler: if matches!(r.test, Test::Decode { sampled: true, .. }) { sampler } else { "greedy" },
+            draft: drafted.then_some(draft),
+            acceptance: drafted.then(|| r.drafts.acceptance()),
+            tokens_per_step: drafted.then(|| (gen * r.tok_s.len()) as f64 / r.step_ms.len().max(1) as f64),
         }
     }
 }
@@ -201,12 +220,12 @@ impl<'a> RowReport<'a> {
 fn print_csv(rows: &[RowReport]) -> Result<()> {
     outln!(
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
-         weight_gb_s,peak_rss_mb,git,batch,sampler"
+         weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step"
     );
     let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         outln!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.test,
             r.mode,
             r.prompt_tokens,
@@ -224,7 +243,10 @@ fn print_csv(rows: &[RowReport]) -> Result<()> {
             r.peak_rss_mb,
             r.git,
             r.batch,
-            r.sampler
+            r.sampler,
+            r.draft.unwrap_or(""),
+            opt(r.acceptance),
+            opt(r.tokens_per_step)
         );
     }
     Ok(())
@@ -299,6 +321,30 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
             outln!("| tg{gen} | {prompt} | {gm:.3} | {sm:.3} | {:.3}× |", sm / gm.max(1e-12));
         }
     }
+    // Speculative decoding against plain greedy decoding at the same context.
+    let drafted: Vec<(&Row, &RowReport)> =
+        rows.iter().zip(reports).filter(|(r, _)| matches!(r.test, Test::Drafted { .. })).collect();
+    if let Some((_, first)) = drafted.first() {
+        let draft = first.draft.unwrap_or("");
+        outln!("\n| decode | context (prompt) | plain tok/s | tok/s with draft {draft} | × plain | acceptance | tokens / verify step |");
+        outln!("|---|---:|---:|---:|---:|---:|---:|");
+        for (d, rep) in drafted {
+            let Test::Drafted { prompt, gen } = d.test else { continue };
+            let plain = rows.iter().find(|r| r.test == greedy(prompt, gen)).map_or(0.0, |r| mean_sd(&r.tok_s).0);
+            let with = mean_sd(&d.tok_s).0;
+            outln!(
+                "| tg{gen} | {prompt} | {plain:.1} | {with:.1} | {:.2}× | {:.0}% | {:.2} |",
+                with / plain.max(1e-12),
+                100.0 * rep.acceptance.unwrap_or(0.0),
+                rep.tokens_per_step.unwrap_or(0.0)
+            );
+        }
+        outln!(
+            "The answers are the same bits with and without the draft; the speed is not: it depends on how often \
+             the draft guesses what the model says, here on synthetic prompts (random weights repeat themselves, \
+             so their acceptance says nothing about real text)."
+        );
+    }
     // Batched decoding against one sequence at the same context.
     let batched: Vec<&Row> = rows.iter().filter(|r| matches!(r.test, Test::Batched { .. })).collect();
     if !batched.is_empty() {
@@ -332,7 +378,7 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
 
 fn r_gen(r: &Row) -> usize {
     match r.test {
-        Test::Decode { gen, .. } | Test::Batched { gen, .. } => gen,
+        Test::Decode { gen, .. } | Test::Batched { gen, .. } | Test::Drafted { gen, .. } => gen,
         Test::Prefill { .. } => 0,
     }
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 mod attention;
 mod cache;
+mod draft;
 mod embeddings;
 mod explain;
 mod logits;
@@ -17,6 +18,7 @@ mod tokens;
 
 use attention::{attention, AttentionArgs};
 use cache::cache;
+use draft::{draft, DraftViewArgs};
 use embeddings::embeddings;
 pub use explain::{explain, ExplainArgs};
 use logits::logits;
@@ -68,6 +70,14 @@ pub enum InspectCmd {
         #[arg(long, default_value_t = 0, value_name = "N")]
         generate: usize,
     },
+    /// Speculative decoding round by round: the drafted tokens, which the model accepted, its own
+    /// token, and its cache before the step and after the rollback (terminal, JSON or --html).
+    Draft {
+        #[command(flatten)]
+        c: Common,
+        #[command(flatten)]
+        a: DraftViewArgs,
+    },
 }
 
 /// What every inspect command takes.
@@ -82,7 +92,8 @@ impl InspectCmd {
             | InspectCmd::Embeddings { c, .. }
             | InspectCmd::Attention { c, .. }
             | InspectCmd::Logits { c, .. }
-            | InspectCmd::Cache { c, .. } => c,
+            | InspectCmd::Cache { c, .. }
+            | InspectCmd::Draft { c, .. } => c,
         }
     }
 }
@@ -100,6 +111,9 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     if let InspectCmd::Attention { a, .. } = &cmd {
         outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
     }
+    if let InspectCmd::Draft { a, .. } = &cmd {
+        outputs.extend(a.html.as_deref());
+    }
     if !outputs.is_empty() {
         let files = crate::common::locate(&c.io.model)?;
         for p in outputs {
@@ -115,6 +129,7 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
             logits(c, *top_k as usize, *position, *all_positions, *lens)
         }
         InspectCmd::Cache { c, generate } => cache(c, *generate),
+        InspectCmd::Draft { c, a } => draft(c, a),
     }?;
     Ok(Outcome::Done)
 }
