@@ -5,6 +5,11 @@
         [--llama-server PATH/llama-server --gguf /tmp/distilgpt2-random-f32.gguf] \\
         -t 2 --concurrency 1,2,4,8,16 [--json out.json]
 
+or kvgpt against kvgpt with other flags (e.g. speculative decoding), in the same interleaved way:
+
+    python3 scripts/bench_serve.py --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random \\
+        --versus-arg=--draft --versus-arg=self:w8a8 --workloads unique --system 4 --question 4 --output 128
+
 Standard library only. The script starts every server itself on a free loopback port (kvgpt with
 `--port 0`, reading the port from its stderr; llama-server on a port picked here), waits for
 `GET /health` to answer 200, runs the workloads, and stops it with SIGTERM. Both servers stay up for
@@ -44,6 +49,9 @@ Also measured:
                     every prompt in the cache); kvgpt's texts must equal the concurrency-1 texts,
                     else the script exits 1. llama.cpp's agreement is reported, not enforced
                     (its docs say cached and uncached logits may differ).
+
+With --versus-arg the second server is kvgpt again, with those flags added: its texts must equal
+the first's in every cell (kvgpt's answers do not depend on its flags but the dtype), else exit 1.
 
 Exit status: 0; 1 if a kvgpt text differed or a kvgpt request failed; 2 if a server could not start.
 
@@ -397,6 +405,12 @@ def summarize(recs, max_tokens):
             cached = sum(c[0] for c in counts)
             prompt = sum(c[1] for c in counts)
             s.update({"cached_tokens": cached, "prompt_tokens": prompt, "hit_ratio": cached / prompt if prompt else None})
+        # Speculative decoding (kvgpt serve --draft): drafted tokens the model accepted.
+        details = [(r.get("usage") or {}).get("completion_tokens_details") or {} for r in ok]
+        acc = sum(d.get("accepted_prediction_tokens", 0) for d in details)
+        rej = sum(d.get("rejected_prediction_tokens", 0) for d in details)
+        if acc + rej:
+            s.update({"accepted_tokens": acc, "drafted_tokens": acc + rej, "acceptance": acc / (acc + rej)})
     return s
 
 
@@ -441,6 +455,9 @@ def parse_args():
                    help="llama-server --cache-ram MiB (its host-memory prompt cache); default: --cache-mb")
     p.add_argument("--kvgpt-arg", action="append", default=[], help="extra argument for kvgpt serve (repeatable)")
     p.add_argument("--llama-arg", action="append", default=[], help="extra argument for llama-server (repeatable)")
+    p.add_argument("--versus-arg", action="append", default=[],
+                   help="compare with a second kvgpt serve that also takes this argument (repeatable; "
+                        "write --versus-arg=--flag), instead of llama-server")
     p.add_argument("--workloads", default="shared,unique", help="subset of shared,unique")
     p.add_argument("--warmup", type=int, default=1, choices=[0, 1],
                    help="1: before measuring, send each server max(concurrency) unique requests at once")
@@ -463,6 +480,8 @@ def parse_args():
         p.error("--workloads takes shared and/or unique")
     if bool(a.llama_server) != bool(a.gguf):
         p.error("--llama-server and --gguf go together")
+    if a.llama_server and a.versus_arg:
+        p.error("--versus-arg compares two kvgpt servers; leave out --llama-server")
     if a.system + a.question + max(a.output, a.hm_output) > a.ctx_per_slot:
         p.error(f"S+Q+O = {a.system + a.question + a.output} exceeds the context per slot ({a.ctx_per_slot})")
     if a.groups < 1 or a.per_group < 1 or a.system < 1 or a.question < 1 or a.output < 1:
@@ -488,7 +507,8 @@ def main():
                      "N": a.groups * a.per_group, "seed": a.seed, "id_range": [a.id_lo, a.id_hi]},
         "levels": a.levels,
     }
-    keys = ["kvgpt"] + (["llama"] if a.llama_server else [])
+    keys = ["kvgpt"] + (["llama"] if a.llama_server else ["kvgpt_b"] if a.versus_arg else [])
+    NAMES["kvgpt_b"] = "kvgpt " + " ".join(a.versus_arg)
     logdir = tempfile.mkdtemp(prefix="bench_serve.")
     servers = {}
     results = {"cells": [], "identity": [], "hit_vs_miss": {}, "skipped": [], "server_errors": []}
@@ -497,6 +517,9 @@ def main():
     try:
         servers["kvgpt"] = Server("kvgpt", kvgpt_cmd(a), 0, logdir)
         header["kvgpt"]["cmd"] = servers["kvgpt"].cmd
+        if a.versus_arg:
+            servers["kvgpt_b"] = Server("kvgpt_b", kvgpt_cmd(a) + a.versus_arg, 0, logdir)
+            header["kvgpt_b"] = {"cmd": servers["kvgpt_b"].cmd}
         if a.llama_server:
             port = free_port()
             servers["llama"] = Server("llama", llama_cmd(a, port), port, logdir)
@@ -559,13 +582,26 @@ def main():
     header["elapsed_s"] = time.monotonic() - t_begin
     header["server_logs"] = logdir
     report(a, header, results, keys)
-    kv_ident = [x for x in results["identity"] if x["server"] == "kvgpt"]
-    if any(x["matched"] != x["total"] for x in kv_ident) or results.get("kvgpt_failed"):
+    kv_ident = [x for x in results["identity"] if x["server"].startswith("kvgpt")]
+    if any(x["matched"] != x["total"] for x in kv_ident) or results.get("kvgpt_failed") or versus_differs(results):
         exit_code = max(exit_code, 1)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"header": header, **results}, indent=1))
         log(f"wrote {a.json_out}")
     return exit_code
+
+
+def versus_differs(results):
+    """With --versus-arg: the cells where the second kvgpt's texts are not the first's."""
+    cells = {(c["server"], c["workload"], c["concurrency"]): c for c in results["cells"]}
+    bad = []
+    for (k, w, c), cell in cells.items():
+        other = cells.get(("kvgpt", w, c))
+        if k == "kvgpt_b" and other:
+            texts = [[r.get("text") for r in x["requests"]] for x in (cell, other)]
+            if texts[0] != texts[1]:
+                bad.append(f"{w} C={c}")
+    return bad
 
 
 def strip(rec, req):
@@ -583,7 +619,7 @@ def note_errors(results, k, where, recs, server):
         msg = f"{NAMES[k]} {where}: {len(errs)} of {len(recs)} requests failed; first: {errs[0]}"
         log(msg)
         results["server_errors"].append(msg)
-        if k == "kvgpt":
+        if k.startswith("kvgpt"):
             results["kvgpt_failed"] = True
         if not server.alive():
             results["server_errors"].append(f"{NAMES[k]} is no longer running; log tail:\n{server.log_tail()}")
@@ -671,7 +707,8 @@ def report(a, header, results, keys):
     both = len(keys) == 2
     cells = {(c["server"], c["workload"], c["concurrency"]): c for c in results["cells"]}
     out = []
-    out.append("## Serving benchmark: kvgpt serve" + (" vs llama.cpp llama-server" if both else ""))
+    versus = " ÷ ".join(NAMES[k] for k in keys)
+    out.append("## Serving benchmark: kvgpt serve" + (f" vs {NAMES[keys[1]]}" if both else ""))
     out.append("")
     out.append(f"- CPU: {header['cpu']} ({header['logical_cpus']} logical CPUs), threads per server: {a.threads}, "
                f"load average at start {' '.join(header['loadavg_at_start'] or ['?'])}"
@@ -681,7 +718,9 @@ def report(a, header, results, keys):
     out.append(f"- kvgpt: {kv['version']}" + (f" (git {kv['git']})" if kv["git"] else "")
                + f": `serve --parallel {a.parallel} --cache-mb {a.cache_mb}"
                + (f" {' '.join(a.kvgpt_arg)}" if a.kvgpt_arg else "") + "`, K/V f32")
-    if both:
+    if "kvgpt_b" in keys:
+        out.append(f"- {NAMES['kvgpt_b']}: the same server with `{' '.join(a.versus_arg)}`")
+    if "llama" in keys:
         ll = header["llama"]
         out.append(f"- llama.cpp: {ll['version']}: `llama-server -np {a.parallel} -c {a.parallel * a.ctx_per_slot}` "
                    f"({a.ctx_per_slot} per slot, no unified KV), continuous batching, prompt cache on, "
@@ -693,11 +732,11 @@ def report(a, header, results, keys):
                f"tokens; token ids from seed {w['seed']} in [{a.id_lo}, {a.id_hi}), fresh per cell, "
                f"temperature {a.temperature}" + (" (seed 1)" if a.temperature > 0 else "") + ", ignore_eos, streamed")
     if both:
-        out.append("- each cell: kvgpt / llama.cpp (kvgpt ÷ llama.cpp); throughput: higher is better, "
+        out.append(f"- each cell: {' / '.join(NAMES[k] for k in keys)} ({versus}); throughput: higher is better, "
                    "latency: lower is better. ITL = gaps between streamed chunks with text.")
     out.append("")
     cols = ["workload", "C", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-            "cache hit (expected)", "failed"]
+            "cache hit (expected)", "failed"] + (["drafts accepted"] if "kvgpt_b" in keys else [])
     out.append("| " + " | ".join(cols) + " |")
     out.append("|" + "|".join("---" for _ in cols) + "|")
     metrics = [("req_per_s", 2), ("out_tok_per_s", 1), ("ttft_p50_ms", 1), ("ttft_p99_ms", 1), ("itl_p50_ms", 2),
@@ -719,11 +758,13 @@ def report(a, header, results, keys):
             hits = " / ".join(fmt_pct(s.get("hit_ratio")) for s in ss)
             row.append(f"{hits} ({fmt_pct(expected_hit(a, wl))})")
             row.append(" / ".join(str(s.get("errors", "–")) for s in ss))
+            if "kvgpt_b" in keys:
+                row.append(" / ".join(fmt_pct(s.get("acceptance")) for s in ss))
             out.append("| " + " | ".join(row) + " |")
     out.append("")
 
     # Derived figures.
-    out.append("| figure | " + " | ".join(NAMES[k] for k in keys) + (" | kvgpt ÷ llama.cpp |" if both else " |"))
+    out.append("| figure | " + " | ".join(NAMES[k] for k in keys) + (f" | {versus} |" if both else " |"))
     out.append("|---|" + "---|" * (len(keys) + (1 if both else 0)))
     hm = results["hit_vs_miss"]
     if hm:
@@ -756,7 +797,7 @@ def report(a, header, results, keys):
             out.append("| " + " | ".join(row) + " |")
     if both:
         k1 = cells.get(("kvgpt", "shared", 1))
-        l1 = cells.get(("llama", "shared", 1))
+        l1 = cells.get((keys[1], "shared", 1))
         if k1 and l1:
             same = sum(1 for x, y in zip(k1["requests"], l1["requests"])
                        if not x.get("error") and not y.get("error") and x.get("text") == y.get("text"))
@@ -765,6 +806,8 @@ def report(a, header, results, keys):
     out.append(f"Run took {header['elapsed_s']:.0f} s; server logs in {header['server_logs']}.")
     for s in results["skipped"]:
         out.append(f"- skipped: {s}")
+    for cell in versus_differs(results):
+        out.append(f"- problem: {NAMES['kvgpt_b']} answered {cell} with other texts than kvgpt")
     for e in results["server_errors"]:
         out.append(f"- problem: {e}")
     for x in results["identity"]:

@@ -148,8 +148,7 @@ impl Chat {
         let reused = self.cached();
         self.seq.append_prompt(new)?;
         let start = Instant::now();
-        self.seq.feed(model, &mut self.scratch)?;
-        self.seq.prefill_draft()?;
+        self.seq.feed(model, &mut self.scratch)?; // (a draft takes the turn in when it first drafts)
         let prefill_time = start.elapsed();
         let prompt = self.ids().len();
         let mut turn = Turn {

@@ -106,7 +106,7 @@ fn turns_keep_the_cache_and_answer_as_hf() {
 #[test]
 fn turns_with_a_draft_answer_as_hf_and_say_what_was_drafted() {
     for draft in ["self:w8a8", "lookup"] {
-        turns_as_hf(&["--draft", draft]);
+        turns_as_hf(&["--draft", draft, "--draft-min", "3"]);
     }
 }
 

@@ -95,7 +95,8 @@ fn bench_with_a_draft_puts_a_drafted_row_beside_each_plain_one() {
     let m = fixture_dir().display().to_string();
     let args = ["bench", "--model", &m, "-p", "4,16", "-n", "12", "-r", "1", "--probe-mib", "0", "--no-uncached"];
     let rows: Value =
-        serde_json::from_str(&ok(&[&args[..], &["--draft", "self:w8a8", "-o", "json"]].concat())).unwrap();
+        serde_json::from_str(&ok(&[&args[..], &["--draft", "self:w8a8", "--draft-min", "2", "-o", "json"]].concat()))
+            .unwrap();
     let rows = rows.as_array().unwrap();
     for prompt in [4, 16] {
         let drafted = rows.iter().find(|r| r["mode"] == "drafted" && r["prompt_tokens"] == prompt).unwrap();
@@ -106,6 +107,7 @@ fn bench_with_a_draft_puts_a_drafted_row_beside_each_plain_one() {
         // Each step makes at least one token and at most 1 + the most drafts (8).
         let per_step = drafted["tokens_per_step"].as_f64().unwrap();
         assert!((1.0..=9.0).contains(&per_step), "{drafted}");
+        assert!(drafted["acceptance"].as_f64().unwrap() > 0.0, "--draft-min 2 drafted and int8 agreed: {drafted}");
         assert!(rows.iter().any(|r| r["mode"] == "cached" && r["test"] == "tg12" && r["prompt_tokens"] == prompt));
     }
     let md = ok(&[&args[..], &["--draft", "lookup"]].concat());

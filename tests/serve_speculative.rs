@@ -70,13 +70,6 @@ fn all_at_once(s: &Server, cases: &[Case]) -> Vec<Value> {
     })
 }
 
-fn small_draft_model() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let shape = random_model::Shape { n_embd: 32, n_layer: 1, n_head: 2, n_positions: 512, seed: 7, endless: false };
-    random_model::write(dir.path(), shape);
-    dir
-}
-
 #[test]
 fn with_every_draft_batched_and_after_a_prefix_hit_answers_are_hf_and_the_plain_servers_bits() {
     let cases = cases();
@@ -95,13 +88,14 @@ fn with_every_draft_batched_and_after_a_prefix_hit_answers_are_hf_and_the_plain_
         }
         assert_eq!(a["usage"]["completion_tokens_details"]["accepted_prediction_tokens"], 0);
     }
-    let other = small_draft_model();
+    let other = random_model::small_draft_model();
     let other = other.path().display().to_string();
     for flags in [
-        vec!["--draft", "lookup", "--draft-max", "1"],
-        vec!["--draft", "self:w8a8", "--draft-max", "4"],
-        vec!["--draft", "self:q8", "--draft-max", "8"],
-        vec!["--draft-model", &other, "--draft-max", "8"],
+        // Drafting does not pay on this tiny model: --draft-min has it draft anyway.
+        vec!["--draft", "lookup", "--draft-max", "1", "--draft-min", "1"],
+        vec!["--draft", "self:w8a8", "--draft-max", "4", "--draft-min", "4"],
+        vec!["--draft", "self:q8", "--draft-max", "8", "--draft-min", "2"],
+        vec!["--draft-model", &other, "--draft-max", "8", "--draft-min", "8"],
     ] {
         let what = flags.join(" ");
         let s = Server::start(&[&["--parallel", "8"], &flags[..]].concat());
@@ -168,7 +162,7 @@ fn long_answers_batched_with_drafts_are_the_plain_servers_bits() {
     let plain = Server::start_model(dir.path(), &["--cache-mb", "0"]);
     let alone: Vec<Value> = cases.iter().map(|c| plain.complete(&c.body)).collect();
     drop(plain);
-    for flags in [["--draft", "self:w8a8"], ["--draft", "lookup"]] {
+    for flags in [["--draft", "self:w8a8", "--draft-min", "3"], ["--draft", "lookup", "--draft-min", "1"]] {
         let s = Server::start_model(dir.path(), &[&["--parallel", "4"], &flags[..]].concat());
         for (c, (a, b)) in cases.iter().zip(alone.iter().zip(all_at_once(&s, &cases))) {
             assert_eq!(key(&b), key(a), "{flags:?}, {}: 200 tokens batched with drafts = alone without", c.name);

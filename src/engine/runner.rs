@@ -62,10 +62,9 @@ impl Runner {
             if s.seq.pending() > 0 {
                 continue; // still prefilling
             }
+            // (A draft model takes in the prompt when it first drafts, not before the first token
+            // goes out: a large batch may never draft at all.)
             s.seq.sample();
-            if s.phase != Phase::Decoding {
-                s.seq.prefill_draft()?; // its first token: the draft takes in the prompt
-            }
             for (j, &token) in s.seq.new_tokens().iter().enumerate() {
                 let logprob = s.req.logprobs.map(|k| token_logprob(s.seq.new_logits(j), token, k));
                 out.push(Output { slot: i, token, logprob });

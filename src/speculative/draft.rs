@@ -124,16 +124,6 @@ impl DraftSource {
         }
     }
 
-    /// What one drafted token costs, as a fraction of one row of `target`'s decode: the bytes of
-    /// weights a draft step reads against the target's (decode reads every weight once a step).
-    /// Lookup costs next to nothing.
-    pub fn cost(&self, target: &Model) -> f64 {
-        match self {
-            DraftSource::Lookup { .. } => 0.0,
-            DraftSource::Model(m) => m.weight_bytes() as f64 / target.weight_bytes().max(1) as f64,
-        }
-    }
-
     /// Checks that a draft model speaks the target's tokens: the same vocabulary and end-of-text
     /// id. (The tokenizers themselves are compared where both are loaded.)
     pub fn check(&self, target: &Model) -> Result<()> {

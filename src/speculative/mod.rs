@@ -18,8 +18,10 @@
 //! ([`Speculation::plan`]): from the acceptance seen so far, the expected tokens per verify step
 //! against what the step costs (extra rows, the draft's own forwards), down to none.
 
+mod costs;
 mod draft;
 
+pub use costs::Costs;
 pub use draft::{DraftSource, Lookup, ModelDraft};
 
 use crate::error::Result;
@@ -61,46 +63,41 @@ impl DraftStats {
     }
 }
 
-/// What a verify row costs beyond the first, as a fraction of a one-row decode step of
-/// DistilGPT-2 in f32 (the weights are read once for all rows; each row adds its arithmetic and
-/// its attention). DESIGN.md, "Speculative decoding", has the measurement.
-pub const ROW_COST: f64 = 0.08;
-
 /// Every this many steps without drafting, one token is drafted anyway, so that a draft that
 /// starts to agree again is noticed (what an always-wrong draft costs: DESIGN.md).
 const PROBE_EVERY: usize = 16;
 
 /// Acceptance is counted with this decay per verify step (recent steps weigh more).
-const DECAY: f64 = 0.9;
+const DECAY: f64 = 0.97;
 
 /// One sequence's draft and the statistics its k is chosen from.
 pub struct Speculation {
     draft: Box<dyn Draft>,
     /// At most this many drafted tokens a step.
     pub max_k: usize,
-    /// A drafted token's cost as a fraction of a one-row step of the target ([`DraftSource::cost`]).
-    draft_cost: f64,
+    /// What a verify row and a drafted token cost ([`Costs::measure`]).
+    costs: Costs,
     /// Decayed counts of drafted tokens accepted, and of tokens judged (accepted or rejected).
     hits: f64,
     judged: f64,
     idle: usize,
-    /// Draft `max_k` every step, whatever the acceptance (tests, and measuring one k).
-    fixed: bool,
+    /// Draft at least this many tokens a step (room permitting), whatever the costs say.
+    pub min_k: usize,
     pub stats: DraftStats,
     /// The tokens proposed this step (reused).
     pub proposed: Vec<u32>,
 }
 
 impl Speculation {
-    pub fn new(draft: Box<dyn Draft>, max_k: usize, draft_cost: f64) -> Speculation {
+    pub fn new(draft: Box<dyn Draft>, max_k: usize, costs: Costs) -> Speculation {
         Speculation {
             draft,
             max_k,
-            draft_cost,
+            costs,
             hits: 0.0,
             judged: 0.0,
             idle: 0,
-            fixed: false,
+            min_k: 0,
             stats: DraftStats::default(),
             proposed: Vec::with_capacity(max_k),
         }
@@ -108,7 +105,7 @@ impl Speculation {
 
     /// The same draft, drafting `max_k` tokens every step it has room for.
     pub fn fixed(self) -> Speculation {
-        Speculation { fixed: true, ..self }
+        Speculation { min_k: self.max_k, ..self }
     }
 
     /// The chance that a drafted token is accepted, as seen so far (with a prior of one half
@@ -121,14 +118,20 @@ impl Speculation {
     /// `batch − 1` others: the d that maximises the expected tokens per step,
     /// (1 − αᵈ⁺¹)/(1 − α), over its cost relative to this sequence's share of a step without
     /// drafts, (1 + e·B)/B + d·(e + c·(1 + e)) for row cost e and draft cost c. None if no d pays,
-    /// except a one-token probe every [`PROBE_EVERY`] idle steps.
+    /// except a one-token probe every [`PROBE_EVERY`] idle steps; no probe either where no d could
+    /// pay were every draft accepted (a share of a large batch smaller than a drafted token).
+    /// Never fewer than `min_k`.
     pub fn plan(&mut self, room: usize, batch: usize) -> usize {
-        if self.fixed {
-            return self.max_k.min(room);
-        }
-        let (a, e, c) = (self.acceptance().min(0.999), ROW_COST, self.draft_cost);
+        self.best(room, batch).max(self.min_k).min(room)
+    }
+
+    fn best(&mut self, room: usize, batch: usize) -> usize {
+        let (a, e, c) = (self.acceptance().min(0.999), self.costs.row, self.costs.draft);
         let b = batch.max(1) as f64;
         let share = (1.0 + e * b) / b;
+        if share <= e + c * (1.0 + e) {
+            return 0; // two tokens for the price of more than two shares: never pays
+        }
         let gain =
             |d: usize| (1.0 - a.powi(d as i32 + 1)) / (1.0 - a) * share / (share + d as f64 * (e + c * (1.0 + e)));
         let best = (0..=self.max_k.min(room)).max_by(|&x, &y| gain(x).total_cmp(&gain(y))).unwrap_or(0);
@@ -179,8 +182,9 @@ impl Speculation {
 pub struct DraftConfig {
     pub source: DraftSource,
     pub max_k: usize,
-    /// A drafted token's cost as a fraction of one row of the target ([`DraftSource::cost`]).
-    pub cost: f64,
+    /// Draft at least this many a step (`--draft-min`; 0: as the costs say).
+    pub min_k: usize,
+    pub costs: Costs,
 }
 
 impl std::fmt::Debug for DraftConfig {
@@ -189,7 +193,11 @@ impl std::fmt::Debug for DraftConfig {
             DraftSource::Lookup { max_ngram } => format!("lookup (n-grams up to {max_ngram})"),
             DraftSource::Model(m) => format!("a model of {} layers × {}", m.config.n_layer, m.config.n_embd),
         };
-        f.debug_struct("DraftConfig").field("source", &source).field("max_k", &self.max_k).finish()
+        f.debug_struct("DraftConfig")
+            .field("source", &source)
+            .field("max_k", &self.max_k)
+            .field("min_k", &self.min_k)
+            .finish()
     }
 }
 
@@ -213,6 +221,7 @@ impl DraftConfig {
 
     /// One sequence's speculation, its draft sized for `capacity` positions.
     pub fn speculation(&self, capacity: usize) -> Speculation {
-        Speculation::new(self.source.make(capacity), self.max_k, self.cost)
+        let spec = Speculation::new(self.source.make(capacity), self.max_k, self.costs);
+        Speculation { min_k: self.min_k.min(self.max_k), ..spec }
     }
 }

@@ -86,3 +86,11 @@ pub fn write(dir: &Path, s: Shape) {
         .collect();
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
 }
+
+/// A small draft model (1 layer, 32 wide) with the fixture's tokenizer, in a folder of its own.
+pub fn small_draft_model() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = Shape { n_embd: 32, n_layer: 1, n_head: 2, n_positions: 512, seed: 7, endless: false };
+    write(dir.path(), shape);
+    dir
+}

@@ -3,8 +3,8 @@
 use crate::common::{chosen_isa, Dtype, ModelArgs};
 use anyhow::{bail, Result};
 use clap::Args;
-use kvgpt::speculative::{DraftConfig, DraftSource};
-use kvgpt::{Loaded, Locate, Sequence};
+use kvgpt::speculative::{Costs, DraftConfig, DraftSource};
+use kvgpt::{Loaded, Locate};
 use std::sync::Arc;
 
 /// Longest n-gram the lookup draft matches.
@@ -27,9 +27,14 @@ pub struct DraftArgs {
     #[arg(long, value_enum, default_value_t = Dtype::F32, requires = "draft_model")]
     pub draft_dtype: Dtype,
     /// Draft at most K tokens a step; how many is chosen each step from how often drafts were
-    /// accepted (none when drafting does not pay).
+    /// accepted and what a verify row and a drafted token cost (timed when the draft loads),
+    /// none when drafting does not pay.
     #[arg(long, value_name = "K", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=32))]
     pub draft_max: u16,
+    /// Draft at least K tokens a step, whatever the costs say (llama.cpp's --draft-min; K =
+    /// --draft-max drafts that many every step).
+    #[arg(long, value_name = "K", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=32))]
+    pub draft_min: u16,
 }
 
 /// A loaded draft and its name.
@@ -39,17 +44,15 @@ pub struct Drafting {
 }
 
 impl Drafting {
-    /// Gives `seq` its own draft (its cache sized like the sequence's).
-    pub fn attach(&self, seq: &mut Sequence) {
-        seq.speculate_with(&self.config);
-    }
-
     /// What the `--json` outputs say about it.
     pub fn json(&self, stats: Option<kvgpt::speculative::DraftStats>) -> serde_json::Value {
         let s = stats.unwrap_or_default();
         serde_json::json!({
             "draft": self.name,
             "max_k": self.config.max_k,
+            "min_k": self.config.min_k,
+            "row_cost": self.config.costs.row,
+            "draft_cost": self.config.costs.draft,
             "steps": s.steps,
             "drafted_tokens": s.drafted,
             "accepted_tokens": s.accepted,
@@ -84,8 +87,12 @@ impl DraftArgs {
             }
         };
         source.check(&loaded.model)?;
-        let cost = source.cost(&loaded.model);
-        Ok(Some(Drafting { config: DraftConfig { source, max_k: self.draft_max as usize, cost }, name }))
+        let (max_k, min_k) = (self.draft_max as usize, self.draft_min as usize);
+        if min_k > max_k {
+            bail!("--draft-min {min_k} is more than --draft-max {max_k}; lower it or raise --draft-max");
+        }
+        let costs = Costs::measure(&loaded.model, &source, max_k)?;
+        Ok(Some(Drafting { config: DraftConfig { source, max_k, min_k, costs }, name }))
     }
 }
 

@@ -133,7 +133,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let reused = seq.cache().len();
     let drafting = a.draft.load(&a.model, &loaded)?;
     if let Some(d) = &drafting {
-        d.attach(&mut seq);
+        seq.speculate_with(&d.config);
     }
 
     let mut stdout = std::io::stdout().lock();

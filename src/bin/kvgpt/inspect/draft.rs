@@ -17,7 +17,7 @@ use std::path::PathBuf;
 pub struct DraftViewArgs {
     #[command(flatten)]
     pub draft: DraftArgs,
-    /// Tokens to decode (greedy) after the prompt.
+    /// Tokens to decode (greedy) after the prompt; each round drafts --draft-max of them.
     #[arg(long, short = 'n', default_value_t = 24, value_parser = clap::value_parser!(u32).range(1..))]
     pub generate: u32,
     /// Also write the rounds as one self-contained HTML page (no network).
@@ -49,7 +49,9 @@ pub(super) fn draft(c: &Common, a: &DraftViewArgs) -> Result<()> {
     };
     let n = a.generate as usize;
     let mut seq = Sequence::new(m, &s.ids, n, Sampling::GREEDY)?;
-    seq.speculate_with(&drafting.config);
+    // Every round drafts --draft-max tokens (room permitting): the mechanism at work, the same
+    // rounds every run (adaptive k would draft as measured costs say, here perhaps not at all).
+    seq.speculate(drafting.config.speculation(seq.cache().capacity() + 1).fixed());
     let rounds = rounds(m, &mut seq, n)?;
     let mut labels = std::collections::BTreeMap::new();
     for &id in seq.ids().iter().chain(rounds.iter().flat_map(|r| &r.drafted)) {
