@@ -3,8 +3,9 @@
 //! same seed gives the same tokens, and over many seeds the tokens follow the model's own
 //! distribution (a chi-square test against probabilities computed here); after a rejection the
 //! caches hold exactly the accepted positions; in the engine, batched and from the prompt cache,
-//! an answer ends exactly at end-of-text or its length, however many drafts a step accepted. Random weights repeat themselves, so how often a
-//! draft is accepted here says nothing about real text.
+//! an answer ends exactly at end-of-text or its length, however many drafts a step accepted; on
+//! every instruction set the CPU has, drafted answers are the scalar path's alone. Random
+//! weights repeat themselves, so how often a draft is accepted here says nothing about real text.
 
 mod common;
 
@@ -335,4 +336,36 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
     assert_eq!(drafted[1].2, Some(Length));
     let greedy = &drafted[1].3;
     assert!(greedy.drafted_tokens > 0 && greedy.accepted_tokens == greedy.drafted_tokens, "itself agrees: {greedy:?}");
+}
+
+/// On every instruction set this CPU has (the draft on the same one), greedy and sampled
+/// answers with drafts are the scalar path's answers decoding alone, bit for bit.
+#[test]
+fn on_every_isa_drafted_answers_are_the_scalar_models_alone() {
+    let files = kvgpt::hub::local_folder(&fixture_dir()).unwrap();
+    let load = |ty, isa| Arc::new(kvgpt::load_as(&files, ty).unwrap().model.with_isa(isa));
+    let scalar = load(kvgpt::WeightType::F32, kvgpt_kernels::Isa::scalar());
+    let reference = Reference::load();
+    let sampled = Sampling { temperature: 0.7, top_k: Some(8), seed: 3, ..Sampling::GREEDY };
+    for isa in kvgpt_kernels::Isa::available() {
+        let model = load(kvgpt::WeightType::F32, isa);
+        let drafts = [
+            ("lookup", DraftSource::Lookup { max_ngram: 3 }),
+            ("self:w8a8", DraftSource::Model(load(kvgpt::WeightType::W8A8, isa))),
+        ];
+        for p in reference.prompts() {
+            let n = p.greedy_ids.len();
+            for sampling in [Sampling::GREEDY, sampled] {
+                let alone = decode(&scalar, &p.ids, n, sampling, None);
+                if sampling.is_greedy() {
+                    assert_eq!(alone.0, p.greedy_ids, "{}: HF's greedy ids", p.key);
+                }
+                for (name, source) in &drafts {
+                    let spec = Speculation::new(source.make(p.ids.len() + n), 4, FREE).fixed();
+                    let run = decode(&model, &p.ids, n, sampling, Some(spec));
+                    assert_same(&format!("{} {name} {} {sampling:?}", isa.name(), p.key), &alone, &run);
+                }
+            }
+        }
+    }
 }
