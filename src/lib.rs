@@ -47,6 +47,7 @@ pub mod hub;
 pub mod info;
 pub mod inspect;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod logprobs;
 pub mod model;
 pub mod prefix_cache;

@@ -22,6 +22,10 @@
 //! counts on the nodes of the matched path (a lookup that ends inside an edge splits it there,
 //! so a hold always covers whole nodes, and a later split gives both halves the count); only
 //! leaves nobody holds are evicted.
+//!
+//! Whoever mirrors the cache elsewhere (the KV-event publisher, which tells a router what this
+//! server holds) can ask for a journal of [`Change`]s: a prefix became held, or stopped being
+//! held, past a position. Splits change nothing a lookup can find, so they are not changes.
 
 use crate::kv_cache::{KvCache, KvSpan};
 
@@ -71,6 +75,15 @@ pub struct CacheStats {
     pub inserted_tokens: u64,
 }
 
+/// A change to which prefixes a lookup can find.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `ids` (a whole prefix, from position 0) is held now; before, only `ids[..from]` was.
+    Stored { ids: Vec<u32>, from: usize },
+    /// `ids` is no longer held past `ids[..from]`.
+    Removed { ids: Vec<u32>, from: usize },
+}
+
 pub struct PrefixCache {
     nodes: Vec<Node>,
     free: Vec<usize>,
@@ -78,6 +91,8 @@ pub struct PrefixCache {
     used: usize,
     clock: u64,
     pub stats: CacheStats,
+    /// The changes since the last [`PrefixCache::take_changes`], when someone asked for them.
+    journal: Option<Vec<Change>>,
 }
 
 impl PrefixCache {
@@ -93,7 +108,42 @@ impl PrefixCache {
             refs: 0,
             alive: true,
         };
-        PrefixCache { nodes: vec![root], free: vec![], budget, used: 0, clock: 0, stats: CacheStats::default() }
+        PrefixCache {
+            nodes: vec![root],
+            free: vec![],
+            budget,
+            used: 0,
+            clock: 0,
+            stats: CacheStats::default(),
+            journal: None,
+        }
+    }
+
+    /// Keeps a journal of [`Change`]s from now on, for [`PrefixCache::take_changes`].
+    pub fn keep_journal(&mut self) {
+        self.journal.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes since the last call, in the order they happened (none without a journal).
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.journal.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn note(&mut self, change: impl FnOnce(&Self) -> Change) {
+        if let Some(mut journal) = self.journal.take() {
+            journal.push(change(self));
+            self.journal = Some(journal);
+        }
+    }
+
+    /// The tokens from the root to the end of node `n`.
+    fn path_ids(&self, mut n: usize) -> Vec<u32> {
+        let mut edges = vec![];
+        while n != ROOT {
+            edges.push(&self.nodes[n].tokens);
+            n = self.nodes[n].parent;
+        }
+        edges.into_iter().rev().flatten().copied().collect()
     }
 
     pub fn bytes(&self) -> usize {
@@ -192,6 +242,7 @@ impl PrefixCache {
             self.used += leaf.bytes();
             let id = self.alloc(leaf);
             self.nodes[node].children.push(id);
+            self.note(|_| Change::Stored { ids: ids[..end].to_vec(), from: len });
         }
         self.evict_to(self.budget);
     }
@@ -242,6 +293,7 @@ impl PrefixCache {
                 })
                 .min_by_key(|&i| self.nodes[i].last_used);
             let Some(v) = victim else { break }; // everything left is held
+            self.note(|c| Change::Removed { ids: c.path_ids(v), from: c.nodes[v].depth });
             let parent = self.nodes[v].parent;
             self.nodes[parent].children.retain(|&c| c != v);
             let n = &mut self.nodes[v];
