@@ -2,6 +2,7 @@
 
 use super::request::{CancelReason, SeqId};
 use super::slot::Waiting;
+use super::Flushed;
 
 /// Messages to the engine thread.
 pub(super) enum Command {
@@ -9,4 +10,6 @@ pub(super) enum Command {
     Cancel(SeqId, CancelReason),
     /// Finish the running and waiting sequences, then return.
     Drain,
+    /// Evict every prompt-cache entry no sequence holds; answer the tokens evicted and those still held.
+    FlushCache(tokio::sync::oneshot::Sender<Flushed>),
 }

@@ -3,7 +3,7 @@
 use super::request::{Ending, Usage};
 use crate::kv_cache::KvCache;
 use crate::model::Model;
-use crate::prefix_cache::CacheStats;
+use crate::prefix_cache::{CacheStats, Change};
 use crate::speculative::DraftConfig;
 use std::time::Duration;
 
@@ -44,8 +44,9 @@ impl EngineConfig {
 pub struct Gauges {
     pub running: usize,
     pub waiting: usize,
-    /// K/V bytes of the running sequences' caches.
+    /// K/V bytes of the running sequences' caches, and the positions they hold.
     pub kv_bytes: usize,
+    pub kv_tokens: usize,
     pub cache_bytes: usize,
     pub cache_tokens: usize,
     pub stats: CacheStats,
@@ -57,6 +58,8 @@ pub trait Monitor: Send {
     fn first_token(&mut self, _ttft: Duration) {}
     fn token(&mut self, _itl: Duration) {}
     fn finished(&mut self, _u: &Usage, _ending: Ending) {}
+    /// What the prompt cache stored and evicted, in order, since the last call.
+    fn cache_changed(&mut self, _changes: Vec<Change>) {}
 }
 
 /// A monitor that observes nothing.

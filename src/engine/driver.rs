@@ -7,6 +7,7 @@ use super::policy::{self, Limits, Phase};
 use super::request::{CancelReason, Ending, Event, Usage};
 use super::runner::{Output, Runner};
 use super::slot::{Slot, Waiting};
+use super::Flushed;
 use crate::error::Result;
 use crate::generate::FinishReason;
 use crate::model::Model;
@@ -30,8 +31,10 @@ pub(super) struct Engine {
 
 impl Engine {
     pub fn new(model: Arc<Model>, cfg: EngineConfig, inflight: Arc<AtomicUsize>) -> Engine {
+        let mut cache = PrefixCache::new(cfg.cache_bytes);
+        cache.keep_journal(); // for the monitor (a router mirrors the cache from it)
         Engine {
-            cache: PrefixCache::new(cfg.cache_bytes),
+            cache,
             runner: Runner::new(model, cfg.max_rows()),
             cfg,
             slots: vec![],
@@ -69,7 +72,16 @@ impl Engine {
                     self.finish(s, Ending::Failed, usize::MAX, monitor);
                 }
             }
+            self.report_cache(monitor);
             monitor.step(&self.gauges());
+        }
+    }
+
+    /// Hands what the prompt cache stored and evicted since the last call to the monitor.
+    fn report_cache(&mut self, monitor: &mut dyn Monitor) {
+        let changes = self.cache.take_changes();
+        if !changes.is_empty() {
+            monitor.cache_changed(changes);
         }
     }
 
@@ -84,6 +96,13 @@ impl Engine {
             Command::Submit(w) => self.waiting.push_back(w),
             Command::Cancel(id, reason) => self.cancel(id, reason, monitor),
             Command::Drain => self.draining = true,
+            Command::FlushCache(reply) => {
+                let before = self.cache.stats.evicted_tokens;
+                self.cache.evict_to(0);
+                let evicted_tokens = self.cache.stats.evicted_tokens - before;
+                let _ = reply.send(Flushed { evicted_tokens, held_tokens: self.cache.tokens() });
+                self.report_cache(monitor);
+            }
         }
     }
 
@@ -241,6 +260,7 @@ impl Engine {
             running: self.slots.len(),
             waiting: self.waiting.len(),
             kv_bytes: self.slots.iter().map(|s| s.seq.cache().bytes()).sum(),
+            kv_tokens: self.slots.iter().map(|s| s.seq.cache().len()).sum(),
             cache_bytes: self.cache.bytes(),
             cache_tokens: self.cache.tokens(),
             stats: self.cache.stats,

@@ -4,6 +4,7 @@
 use super::command::Command;
 use super::request::{CancelReason, Events, Request, SeqId, SubmitError};
 use super::slot::Waiting;
+use super::Flushed;
 use crate::error::Error;
 use crate::model::Model;
 use crate::sequence::check_prompt;
@@ -74,6 +75,13 @@ impl EngineHandle {
     /// Asks the engine to finish what it has and then stop.
     pub fn drain(&self) {
         let _ = self.tx.send(Command::Drain);
+    }
+
+    /// Empties the prompt cache of every entry no running sequence holds (between steps).
+    pub async fn flush_cache(&self) -> Result<Flushed, SubmitError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send(Command::FlushCache(tx)).map_err(|_| SubmitError::Stopped)?;
+        rx.await.map_err(|_| SubmitError::Stopped)
     }
 
     /// Sequences submitted and not yet ended (running or waiting).

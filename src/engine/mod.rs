@@ -27,6 +27,14 @@ pub use handle::EngineHandle;
 pub use policy::{Phase, Plan};
 pub use request::{CancelReason, Ending, Event, Events, Request, SeqId, SubmitError, Usage};
 
+/// What flushing the prompt cache did: tokens evicted, and tokens left because running
+/// sequences hold them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    pub evicted_tokens: u64,
+    pub held_tokens: usize,
+}
+
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc};
