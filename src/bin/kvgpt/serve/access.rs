@@ -45,6 +45,7 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     let (method, path) = (req.method().to_string(), req.uri().path().to_string());
     let tally = Arc::new(Tally::default());
     req.extensions_mut().insert(tally.clone());
+    let work = Work::of(&app, &endpoint);
     let resp = match refusal(&app, &req) {
         Some(e) => {
             drain(&app, req.into_body()).await;
@@ -54,7 +55,7 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     };
     let status = resp.status().as_u16();
     app.metrics.request(&endpoint, status);
-    let line = LogLine { method, path, status, tally, started };
+    let line = LogLine { method, path, status, tally, started, _work: work };
     resp.map(|body| Body::new(Logged { body, line: Some(line) }))
 }
 
@@ -101,6 +102,27 @@ struct LogLine {
     status: u16,
     tally: Arc<Tally>,
     started: Instant,
+    /// Held until the response has gone out.
+    _work: Option<Work>,
+}
+
+/// A completion request counted in `App::working` until its response has gone out (a drain
+/// waits for none to be left).
+struct Work(Shared);
+
+impl Work {
+    fn of(app: &Shared, endpoint: &str) -> Option<Work> {
+        ["/v1/completions", "/v1/chat/completions"].contains(&endpoint).then(|| {
+            app.working.fetch_add(1, Ordering::Relaxed);
+            Work(app.clone())
+        })
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        self.0.working.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for LogLine {

@@ -25,8 +25,15 @@ pub struct Job {
     pub tally: Arc<Tally>,
 }
 
-/// Parses, checks every limit, and submits the sequences.
-pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) -> ApiResult<Job> {
+/// A parsed request whose prompts are tokenized as the engine will see them: `(ids, text)` each.
+pub struct Prepared {
+    pub params: Params,
+    pub prompts: Vec<(Vec<u32>, String)>,
+}
+
+/// Parses the body, checks the model it names, and tokenizes its prompts (an empty prompt is
+/// `<|endoftext|>`, as in `kvgpt generate`). Routers ask for exactly this (`/…/render`).
+pub async fn prepare(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Prepared> {
     let r = ready(app)?;
     let mut params = ep.params(&body_object(app, body).await?)?;
     if let Some(m) = &params.model {
@@ -43,15 +50,24 @@ pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) ->
     }
     let prompts = std::mem::take(&mut params.prompts);
     let app_ = app.clone();
-    let tokenized: Vec<(Vec<u32>, String)> =
+    let mut prompts: Vec<(Vec<u32>, String)> =
         offload(move || prompts.into_iter().map(|p| tokenize(ready(&app_)?, p)).collect()).await?;
+    for (ids, _) in &mut prompts {
+        if ids.is_empty() {
+            ids.push(r.eos);
+        }
+    }
+    Ok(Prepared { params, prompts })
+}
+
+/// Parses, checks every limit, and submits the sequences.
+pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) -> ApiResult<Job> {
+    let Prepared { params, prompts } = prepare(app, body, ep).await?;
+    let r = ready(app)?;
     let mut prompt_ids = vec![];
     let mut prompt_texts = vec![];
     let mut reqs = vec![];
-    for (mut ids, text) in tokenized {
-        if ids.is_empty() {
-            ids.push(r.eos); // an empty prompt starts from <|endoftext|>, as `kvgpt generate` does
-        }
+    for (ids, text) in prompts {
         let max_tokens = context(&params, ep, ids.len(), r.n_positions)?;
         for j in 0..params.n {
             reqs.push(Request {

@@ -166,8 +166,9 @@ const COMMON_FIELDS: &[&str] = &[
 /// Refuses a field neither endpoint nor `extra` knows, as OpenAI does: a misspelt `max_token`
 /// must not silently leave the default in place.
 fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
-    if let Some(k) = m.keys().find(|k| !COMMON_FIELDS.contains(&k.as_str()) && !extra.contains(&k.as_str())) {
-        let mut all: Vec<&str> = COMMON_FIELDS.iter().chain(extra).copied().collect();
+    let known = |k: &str| COMMON_FIELDS.contains(&k) || extra.contains(&k) || routers::FIELDS.contains(&k);
+    if let Some(k) = m.keys().find(|k| !known(k)) {
+        let mut all: Vec<&str> = COMMON_FIELDS.iter().chain(extra).chain(routers::FIELDS).copied().collect();
         all.sort_unstable();
         return Err(ApiError::bad(k, format!("unknown field `{k}`; this endpoint takes {}", all.join(", "))));
     }
@@ -269,6 +270,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
         Some(v) => return Err(ApiError::bad("model", format!("`model` must be a string, got {}", kind(v)))),
     };
     int(m, "best_of", 1, 1)?; // only the default
+    routers::check(m)?;
     let stream_options = match field(m, "stream_options") {
         None => None,
         Some(Value::Object(o)) => Some(o),
@@ -416,6 +418,8 @@ pub fn text_field(m: &Map<String, Value>) -> ApiResult<String> {
 pub fn tokens_field(m: &Map<String, Value>) -> ApiResult<Vec<u32>> {
     ids(field(m, "tokens").ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?, "tokens")
 }
+
+mod routers;
 
 #[cfg(test)]
 mod tests;

@@ -12,7 +12,7 @@ use axum::Json;
 use kvgpt::engine::EngineHandle;
 use kvgpt::Tokenizer;
 use serde_json::{json, Value};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -27,6 +27,8 @@ pub struct Ready {
     pub vocab: usize,
     pub eos: u32,
     pub engine: EngineHandle,
+    /// `/server_info`: what routers read of this worker (names, sizes, the event block size).
+    pub server_info: Value,
 }
 
 pub struct App {
@@ -40,6 +42,34 @@ pub struct App {
     pub metrics: Metrics,
     pub started: u64,
     pub next_id: AtomicU64,
+    /// Where the KV-cache events go out (--kv-events).
+    pub kv_events: Option<super::kv_events::Source>,
+    /// Set by SIGTERM: `/health` answers 503 and new completions are refused (a router sends
+    /// them elsewhere) while the ones in flight finish.
+    pub draining: AtomicBool,
+    /// Completion requests whose response has not been fully sent.
+    pub working: AtomicUsize,
+}
+
+impl App {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Refuses new work while draining: 503, which routers retry on another replica.
+    pub fn accepting(&self) -> ApiResult<()> {
+        if !self.is_draining() {
+            return Ok(());
+        }
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "draining",
+            "this server is shutting down and takes no new requests; send them to another replica",
+        );
+        e.retry_after = Some(1);
+        Err(e)
+    }
 }
 
 pub type Shared = Arc<App>;
@@ -58,7 +88,8 @@ pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError 
         "not_found",
         format!(
             "no endpoint {} {}; this server has /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, \
-             /detokenize and /metrics",
+             /detokenize, /metrics, and for routers /server_info, /model_info, /get_load, /kv_event_sources, \
+             /flush_cache and /v1/completions/render, /v1/chat/completions/render",
             req.method(),
             req.uri().path()
         ),
@@ -71,7 +102,7 @@ pub async fn method_not_allowed(State(app): State<Shared>, req: HttpRequest) -> 
     let (parts, body) = req.into_parts();
     drain(&app, body).await;
     let path = parts.uri.path();
-    let method = if ["/health", "/v1/models", "/metrics"].contains(&path) { "GET" } else { "POST" };
+    let method = if super::metrics::POSTED.contains(&path) { "POST" } else { "GET" };
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
@@ -187,10 +218,14 @@ pub fn check_ids(r: &Ready, ids: &[u32], param: &str) -> ApiResult<()> {
     }
 }
 
+/// 200 when ready; 503 while loading, and while draining after SIGTERM (routers and readiness
+/// probes then send no new work here).
 pub async fn health(State(app): State<Shared>) -> Response {
+    let unavailable = |status| (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": status}))).into_response();
     match app.ready.get() {
+        _ if app.is_draining() => unavailable("draining"),
         Some(_) => Json(json!({"status": "ok"})).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "loading"}))).into_response(),
+        None => unavailable("loading"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The listener: accepts connections and serves each with hyper's HTTP/1 (the router is the
-//! service), with a deadline for a request's headers; on shutdown it stops accepting, lets the
-//! connections in flight finish for a bounded time, then closes the rest.
+//! service), with a deadline for a request's headers; once `shutdown` resolves (after the drain:
+//! see `serve`'s `stop`) it stops accepting, lets the connections in flight finish for the time
+//! the drain left, then closes the rest.
 //!
 //! axum's own `serve` sets no timer, so hyper's header timeout never fires there and a client
 //! that sends half a request holds its connection (and the shutdown) forever.
@@ -14,25 +15,23 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-/// How long the server waits for a client.
-#[derive(Clone, Copy, Debug)]
-pub struct Deadlines {
-    /// From the moment the server waits for a request (a new connection, or the next request
-    /// on a kept-alive one) to the end of its headers; past it the connection is closed.
-    pub header: Duration,
-    /// After the shutdown signal, for the requests in flight to finish.
-    pub drain: Duration,
-}
-
-/// Serves `router` on `listener` until `shutdown` resolves, then drains within `d.drain`.
-/// Returns how many connections were still open when the drain's time ran out.
-pub async fn serve(listener: TcpListener, router: Router, d: Deadlines, shutdown: impl Future<Output = ()>) -> usize {
+/// Serves `router` on `listener` until `shutdown` resolves to the time left for the connections
+/// still open, which then get that long to finish. `header`: from the moment the server waits for
+/// a request (a new connection, or the next request on a kept-alive one) to the end of its
+/// headers; past it the connection is closed. Returns how many connections were still open when
+/// the time ran out.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header: Duration,
+    shutdown: impl Future<Output = Duration>,
+) -> usize {
     let mut http = hyper::server::conn::http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(d.header);
+    http.timer(TokioTimer::new()).header_read_timeout(header);
     let graceful = GracefulShutdown::new();
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
-    loop {
+    let left = loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
@@ -43,7 +42,7 @@ pub async fn serve(listener: TcpListener, router: Router, d: Deadlines, shutdown
                     continue;
                 }
             },
-            _ = &mut shutdown => break,
+            left = &mut shutdown => break left,
         };
         let service = TowerToHyperService::new(router.clone());
         let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -52,12 +51,12 @@ pub async fn serve(listener: TcpListener, router: Router, d: Deadlines, shutdown
             let _ = conn.await;
         });
         while conns.try_join_next().is_some() {}
-    }
+    };
     drop(listener);
     // Idle connections close now; a request in flight finishes, then its connection closes.
     tokio::select! {
         _ = graceful.shutdown() => 0,
-        _ = tokio::time::sleep(d.drain) => {
+        _ = tokio::time::sleep(left) => {
             while conns.try_join_next().is_some() {}
             let open = conns.len();
             // Dropping a connection drops its response stream, which cancels its sequences.

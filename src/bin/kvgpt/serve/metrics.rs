@@ -1,16 +1,51 @@
 //! Prometheus metrics through the `metrics` crate, recorded into a recorder the server owns (no
 //! process-wide recorder is installed): the HTTP side records requests, the engine thread records
 //! tokens, latencies, the running and waiting counts and the K/V memory.
+//!
+//! Beside kvgpt's own, the gauges that the Gateway API Inference Extension's endpoint picker
+//! reads from a vLLM model server, under vLLM's names (`vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc` as a fraction, `vllm:cache_config_info`,
+//! `vllm:lora_requests_info`), so a picker routes to kvgpt replicas with its defaults.
 
+use super::kv_events::Sink;
 use kvgpt::engine::{Ending, Gauges, Monitor, Usage};
+use kvgpt::kv_events::BlockEvent;
+use kvgpt::prefix_cache::Change;
 use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The routes, each counted from the start with status 200.
-pub const ENDPOINTS: &[&str] =
-    &["/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics"];
+pub const ENDPOINTS: &[&str] = &[
+    "/health",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/metrics",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/get_model_info",
+    "/get_load",
+    "/kv_event_sources",
+    "/flush_cache",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+];
+
+/// The routes that take POST (the others take GET).
+pub const POSTED: &[&str] = &[
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+    "/flush_cache",
+    "/v1/completions/render",
+    "/v1/chat/completions/render",
+];
 
 const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
@@ -18,13 +53,15 @@ const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
     handle: PrometheusHandle,
+    /// The engine's gauges after its last step (for `/get_load`).
+    last: Arc<Mutex<Gauges>>,
 }
 
 impl Metrics {
     pub fn new() -> anyhow::Result<Metrics> {
         let recorder = PrometheusBuilder::new().set_buckets(BUCKETS)?.build_recorder();
         let handle = recorder.handle();
-        let m = Metrics { recorder: Arc::new(recorder), handle };
+        let m = Metrics { recorder: Arc::new(recorder), handle, last: Arc::default() };
         m.with(|| {
             metrics::describe_counter!("kvgpt_requests_total", "HTTP requests by endpoint and status");
             metrics::describe_counter!("kvgpt_prompt_tokens_total", "prompt tokens of finished sequences");
@@ -63,6 +100,21 @@ impl Metrics {
             );
             metrics::describe_counter!("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted");
             metrics::describe_counter!(
+                "kvgpt_kv_event_batches_total",
+                "KV-cache event batches published (--kv-events)"
+            );
+            metrics::describe_counter!("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored");
+            metrics::describe_counter!("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed");
+            metrics::describe_gauge!("kvgpt_draining", "1 after SIGTERM: new work is refused, /health answers 503");
+            metrics::describe_gauge!("vllm:num_requests_running", "sequences in the running batch (vLLM's name)");
+            metrics::describe_gauge!("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)");
+            metrics::describe_gauge!(
+                "vllm:kv_cache_usage_perc",
+                "K/V held by running sequences over what all slots may hold, 0 to 1 (vLLM's name)"
+            );
+            metrics::describe_gauge!("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold");
+            metrics::describe_gauge!("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)");
+            metrics::describe_counter!(
                 "kvgpt_spec_decode_num_accepted_tokens_total",
                 "drafted tokens the model accepted (each one a token made without a step of its own)"
             );
@@ -77,6 +129,9 @@ impl Metrics {
                 "kvgpt_spec_decode_num_drafts_total",
                 "kvgpt_spec_decode_num_draft_tokens_total",
                 "kvgpt_spec_decode_num_accepted_tokens_total",
+                "kvgpt_kv_event_batches_total",
+                "kvgpt_kv_event_blocks_stored_total",
+                "kvgpt_kv_event_blocks_removed_total",
             ] {
                 counter!(name).absolute(0);
             }
@@ -89,6 +144,10 @@ impl Metrics {
                 "kvgpt_kv_cache_bytes",
                 "kvgpt_prompt_cache_bytes",
                 "kvgpt_prompt_cache_tokens",
+                "kvgpt_draining",
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
             ] {
                 gauge!(name).set(0.0);
             }
@@ -115,12 +174,39 @@ impl Metrics {
         stable_order(&self.handle.render())
     }
 
-    pub fn limits(&self, weights: usize, draft_weights: usize, kv: usize, cache: usize) {
+    pub fn limits(&self, l: &Limits) {
         self.with(|| {
-            gauge!("kvgpt_weights_bytes").set(weights as f64);
-            gauge!("kvgpt_draft_weights_bytes").set(draft_weights as f64);
-            gauge!("kvgpt_kv_cache_limit_bytes").set(kv as f64);
-            gauge!("kvgpt_prompt_cache_limit_bytes").set(cache as f64);
+            gauge!("kvgpt_weights_bytes").set(l.weights as f64);
+            gauge!("kvgpt_draft_weights_bytes").set(l.draft_weights as f64);
+            gauge!("kvgpt_kv_cache_limit_bytes").set(l.kv as f64);
+            gauge!("kvgpt_prompt_cache_limit_bytes").set(l.cache as f64);
+            let (block_size, blocks) = (l.block_size.to_string(), (l.kv_positions / l.block_size).to_string());
+            gauge!("vllm:cache_config_info", "block_size" => block_size, "num_gpu_blocks" => blocks).set(1.0);
+            let none = || String::new();
+            gauge!("vllm:lora_requests_info", "max_lora" => "0", "running_lora_adapters" => none(),
+                "waiting_lora_adapters" => none())
+            .set(super::http::now_secs() as f64);
+        });
+    }
+
+    /// The engine's gauges after its last step.
+    pub fn last_step(&self) -> Gauges {
+        *self.last.lock().expect("the last gauges")
+    }
+
+    pub fn draining(&self) {
+        self.with(|| gauge!("kvgpt_draining").set(1.0));
+    }
+
+    /// A batch of KV-cache events went out.
+    pub fn kv_events(&self, events: &[BlockEvent]) {
+        let blocks = |f: fn(&BlockEvent) -> usize| events.iter().map(f).sum::<usize>() as u64;
+        let stored = blocks(|e| if let BlockEvent::Stored { hashes, .. } = e { hashes.len() } else { 0 });
+        let removed = blocks(|e| if let BlockEvent::Removed { hashes } = e { hashes.len() } else { 0 });
+        self.with(|| {
+            counter!("kvgpt_kv_event_batches_total").increment(1);
+            counter!("kvgpt_kv_event_blocks_stored_total").increment(stored);
+            counter!("kvgpt_kv_event_blocks_removed_total").increment(removed);
         });
     }
 
@@ -133,19 +219,41 @@ impl Metrics {
         self.with(|| histogram!("kvgpt_request_duration_seconds").record(d.as_secs_f64()));
     }
 
-    /// The engine thread's observer.
-    pub fn monitor(&self) -> EngineMonitor {
-        EngineMonitor(self.clone())
+    /// The engine thread's observer: `kv_limit` bytes of K/V for the slots, the prompt cache's
+    /// changes to `events` (with --kv-events).
+    pub fn monitor(&self, kv_limit: usize, events: Option<Sink>) -> EngineMonitor {
+        EngineMonitor { metrics: self.clone(), kv_limit, events }
     }
 }
 
-pub struct EngineMonitor(Metrics);
+/// What the server's gauges and the KV-cache usage fraction are computed from.
+pub struct Limits {
+    pub weights: usize,
+    pub draft_weights: usize,
+    /// K/V bytes all slots may hold, and as positions.
+    pub kv: usize,
+    pub kv_positions: usize,
+    pub cache: usize,
+    /// The KV-event block size, which `vllm:cache_config_info` reports.
+    pub block_size: usize,
+}
+
+pub struct EngineMonitor {
+    metrics: Metrics,
+    kv_limit: usize,
+    events: Option<Sink>,
+}
 
 impl Monitor for EngineMonitor {
     fn step(&mut self, g: &Gauges) {
-        self.0.with(|| {
+        let usage = g.kv_bytes as f64 / self.kv_limit.max(1) as f64;
+        *self.metrics.last.lock().expect("the last gauges") = *g;
+        self.metrics.with(|| {
             gauge!("kvgpt_requests_running").set(g.running as f64);
             gauge!("kvgpt_requests_waiting").set(g.waiting as f64);
+            gauge!("vllm:num_requests_running").set(g.running as f64);
+            gauge!("vllm:num_requests_waiting").set(g.waiting as f64);
+            gauge!("vllm:kv_cache_usage_perc").set(usage);
             gauge!("kvgpt_kv_cache_bytes").set(g.kv_bytes as f64);
             gauge!("kvgpt_prompt_cache_bytes").set(g.cache_bytes as f64);
             gauge!("kvgpt_prompt_cache_tokens").set(g.cache_tokens as f64);
@@ -156,15 +264,21 @@ impl Monitor for EngineMonitor {
     }
 
     fn first_token(&mut self, ttft: Duration) {
-        self.0.with(|| histogram!("kvgpt_time_to_first_token_seconds").record(ttft.as_secs_f64()));
+        self.metrics.with(|| histogram!("kvgpt_time_to_first_token_seconds").record(ttft.as_secs_f64()));
     }
 
     fn token(&mut self, itl: Duration) {
-        self.0.with(|| histogram!("kvgpt_inter_token_latency_seconds").record(itl.as_secs_f64()));
+        self.metrics.with(|| histogram!("kvgpt_inter_token_latency_seconds").record(itl.as_secs_f64()));
+    }
+
+    fn cache_changed(&mut self, changes: Vec<Change>) {
+        if let Some(sink) = &self.events {
+            sink.send(changes);
+        }
     }
 
     fn finished(&mut self, u: &Usage, ending: Ending) {
-        self.0.with(|| {
+        self.metrics.with(|| {
             counter!("kvgpt_prompt_tokens_total").increment(u.prompt_tokens as u64);
             counter!("kvgpt_prompt_cached_tokens_total").increment(u.cached_tokens as u64);
             counter!("kvgpt_generated_tokens_total").increment(u.completion_tokens as u64);

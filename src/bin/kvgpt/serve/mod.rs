@@ -9,7 +9,9 @@
 //! - `http`: shared state, body limits, the endpoints that need no engine;
 //! - `admission`: parse → tokenize → context → submit;
 //! - `responses`: collect, SSE, usage; `endpoint`: what completions and chat do differently;
-//! - `api`: request bodies; `choice`: one sequence's events into text; `metrics`.
+//! - `api`: request bodies; `choice`: one sequence's events into text; `metrics`;
+//! - `worker`: what routers read of a replica; `kv_events`: the prompt cache's blocks published
+//!   for them over ZeroMQ.
 
 mod access;
 mod admission;
@@ -18,9 +20,11 @@ mod choice;
 mod endpoint;
 mod hosts;
 mod http;
+mod kv_events;
 mod listen;
 mod metrics;
 mod responses;
+mod worker;
 
 use crate::common::{load, ModelArgs};
 use crate::draft::DraftArgs;
@@ -35,7 +39,7 @@ use clap::Args;
 use endpoint::Endpoint;
 use http::{App, Ready, Shared};
 use kvgpt::engine::{self, EngineConfig};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -45,6 +49,8 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub draft: DraftArgs,
+    #[command(flatten)]
+    pub kv_events: kv_events::KvEventArgs,
     /// Address to listen on (loopback by default; 0.0.0.0 serves every interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -85,8 +91,9 @@ pub struct ServeArgs {
     /// Seconds a request body may go without a byte before the request gets 408.
     #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub body_timeout: u64,
-    /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C; then their
-    /// connections are closed and their sequences cancelled.
+    /// Seconds the requests in flight get to finish after SIGTERM or Ctrl-C (meanwhile /health
+    /// answers 503 and new completions are refused with 503, so routers send them elsewhere);
+    /// then their connections are closed and their sequences cancelled.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub shutdown_timeout: u64,
     /// Answer requests whose `Host` (and `Origin`) names this host too (repeatable; `*`: any).
@@ -130,15 +137,23 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("could not listen on {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!("listening on http://{local} (loading the model; /health answers 503 until it is ready)");
+    if a.kv_events.kv_events.is_some() && a.cache_mb == 0 {
+        anyhow::bail!("--kv-events publishes what the prompt cache holds, but --cache-mb 0 turns it off");
+    }
+    let metrics = metrics::Metrics::new()?;
+    let (kv_source, kv_sink) = kv_events::start(&a.kv_events, metrics.clone()).await?.unzip();
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: api_key(a)?,
         hosts: hosts::Hosts::new(&a.host, &a.allowed_host),
         max_body: a.max_body_bytes,
         body_timeout: Duration::from_secs(a.body_timeout),
-        metrics: metrics::Metrics::new()?,
+        metrics,
         started: http::now_secs(),
         next_id: AtomicU64::new(1),
+        kv_events: kv_source,
+        draining: AtomicBool::new(false),
+        working: AtomicUsize::new(0),
     });
     let router = Router::new()
         .route("/health", get(http::health))
@@ -148,16 +163,23 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         .route("/tokenize", post(http::tokenize))
         .route("/detokenize", post(http::detokenize))
         .route("/metrics", get(http::metrics_text))
+        .route("/server_info", get(worker::server_info))
+        .route("/get_server_info", get(worker::server_info))
+        .route("/model_info", get(worker::model_info))
+        .route("/get_model_info", get(worker::model_info))
+        .route("/get_load", get(worker::load))
+        .route("/kv_event_sources", get(worker::kv_event_sources))
+        .route("/flush_cache", post(worker::flush_cache))
+        .route("/v1/completions/render", post(worker::render_completion))
+        .route("/v1/chat/completions/render", post(worker::render_chat))
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), access::front))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(app.clone());
-    let deadlines = listen::Deadlines {
-        header: Duration::from_secs(a.header_timeout),
-        drain: Duration::from_secs(a.shutdown_timeout),
-    };
-    let server = tokio::spawn(listen::serve(listener, router, deadlines, shutdown_signal()));
+    let header = Duration::from_secs(a.header_timeout);
+    let stop = drain(app.clone(), Duration::from_secs(a.shutdown_timeout));
+    let server = tokio::spawn(listen::serve(listener, router, header, stop));
 
     // Load while the listener already answers /health with 503.
     let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kvgpt-kernel-{i}"));
@@ -190,9 +212,18 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let kv_limit = engine_cfg.kv_limit(&model);
     let cache_bytes = engine_cfg.cache_bytes;
     let threads = pool.current_num_threads();
-    app.metrics.limits(weights, draft_weights, kv_limit, cache_bytes);
-    let (engine, engine_thread) = engine::spawn(model.clone(), engine_cfg, Box::new(app.metrics.monitor()), Some(pool))
-        .context("could not start the engine thread")?;
+    let block_size = a.kv_events.kv_block_size as usize;
+    app.metrics.limits(&metrics::Limits {
+        weights,
+        draft_weights,
+        kv: kv_limit,
+        kv_positions: a.parallel as usize * cfg.n_positions,
+        cache: cache_bytes,
+        block_size,
+    });
+    let monitor = Box::new(app.metrics.monitor(kv_limit, kv_sink));
+    let (engine, engine_thread) =
+        engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("could not start the engine thread")?;
     let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
     let draft = match &drafting {
         Some(d) => format!(
@@ -218,14 +249,35 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         mb(cache_bytes),
         mb(weights + draft_weights + kv_limit + cache_bytes)
     );
+    let name = a.served_model_name.clone().unwrap_or_else(|| served_name(&a.model.model));
+    let server_info = serde_json::json!({
+        "model_id": name,
+        "served_model_name": name,
+        "model_path": a.model.model,
+        "version": concat!("kvgpt ", env!("CARGO_PKG_VERSION")),
+        "instance_id": format!("kvgpt@{local}"),
+        "tp_size": 1,
+        "dp_size": 1,
+        "kv_block_size": block_size,
+        "context_length": cfg.n_positions,
+        "max_running_requests": a.parallel,
+        "max_total_tokens": a.parallel as usize * cfg.n_positions,
+        "max_queued_requests": a.max_queue,
+        "prompt_cache_bytes": cache_bytes,
+        "dtype": model.weights_dtype().to_string(),
+        "isa": model.isa().name(),
+        "threads": threads,
+        "draft": drafting.as_ref().map(|d| d.name.clone()),
+    });
     let ready = Ready {
         tok: loaded.tokenizer,
-        name: a.served_model_name.clone().unwrap_or_else(|| served_name(&a.model.model)),
+        name,
         aliases: vec!["kvgpt".into(), a.model.model.clone()],
         n_positions: cfg.n_positions,
         vocab: cfg.vocab_size,
         eos: cfg.eos_token_id,
         engine: engine.clone(),
+        server_info,
     };
     let _ = app.ready.set(ready);
 
@@ -268,6 +320,20 @@ fn served_name(spec: &str) -> String {
     name.map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
+/// Resolves when a drain that SIGTERM (or Ctrl-C) started is over: from the signal on, `/health`
+/// answers 503 and new completions are refused, while those in flight go on for at most `bound`.
+/// Resolves to the time left of `bound`, for the connections still open.
+async fn drain(app: Shared, bound: Duration) -> Duration {
+    shutdown_signal().await;
+    app.draining.store(true, Ordering::Relaxed);
+    app.metrics.draining();
+    let until = tokio::time::Instant::now() + bound;
+    while app.working.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    until.saturating_duration_since(tokio::time::Instant::now())
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
@@ -300,6 +366,10 @@ async fn chat_completions(State(app): State<Shared>, Extension(tally): TallyOf, 
 }
 
 async fn respond(app: Shared, tally: Arc<access::Tally>, body: Body, ep: Endpoint) -> Response {
+    if let Err(e) = app.accepting() {
+        http::drain(&app, body).await;
+        return e.into_response();
+    }
     let out = match admission::start(&app, body, ep, tally).await {
         Ok(job) if job.params.stream => Ok(responses::stream(app.clone(), job)),
         Ok(job) => responses::collect(&app, job).await.map(|v| Json(v).into_response()),

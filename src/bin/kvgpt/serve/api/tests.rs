@@ -42,6 +42,9 @@ fn body() -> impl Strategy<Value = Map<String, Value>> {
         "stream",
         "stream_options",
         "cache_prompt",
+        "no_stop_trim",
+        "skip_special_tokens",
+        "data_parallel_rank",
         "text",
         "tokens",
         "unknown",
@@ -108,5 +111,35 @@ proptest! {
         if let Err(e) = object(&raw) {
             prop_assert!(!e.message.is_empty());
         }
+    }
+}
+
+/// The bodies vllm-router 0.1.17 and sglang-router 0.3.2 forward, as a worker receives them
+/// (captured from both routers on loopback): accepted, each added field at its default; a value
+/// kvgpt cannot honour is refused naming the field.
+#[test]
+fn the_defaults_routers_add_are_accepted_and_other_values_refused() {
+    let completion_body = json!({"model": "m", "prompt": "Hello world", "max_tokens": 5, "temperature": 0.5,
+        "stream": false, "echo": false, "no_stop_trim": false, "ignore_eos": false, "skip_special_tokens": true,
+        "return_hidden_states": false});
+    let chat_body = json!({"messages": [{"role": "user", "content": "hi"}], "model": "m", "logprobs": false,
+        "max_completion_tokens": 5, "stream": false, "temperature": 0.5, "no_stop_trim": false, "ignore_eos": false,
+        "continue_final_message": false, "skip_special_tokens": true, "separate_reasoning": true,
+        "stream_reasoning": true, "return_hidden_states": false, "include_reasoning": true, "data_parallel_rank": 0});
+    let obj = |v: &Value| v.as_object().unwrap().clone();
+    assert_eq!(completion(&obj(&completion_body)).unwrap().max_tokens, Some(5));
+    assert_eq!(chat(&obj(&chat_body)).unwrap().max_tokens, Some(5));
+    for (key, value) in [
+        ("no_stop_trim", json!(true)),
+        ("skip_special_tokens", json!(false)),
+        ("return_hidden_states", json!(true)),
+        ("continue_final_message", json!(true)),
+        ("data_parallel_rank", json!(1)),
+        ("separate_reasoning", json!("yes")),
+    ] {
+        let mut m = obj(&chat_body);
+        m.insert(key.into(), value);
+        let e = chat(&m).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(key)), "{}", e.message);
     }
 }

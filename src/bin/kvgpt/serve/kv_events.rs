@@ -1,0 +1,159 @@
+//! Publishes what the prompt cache stores and evicts as KV-cache events, over ZeroMQ as vLLM
+//! does, so that a router (vllm-router's `kv_aware`) knows which prefixes this replica holds.
+//!
+//! - live: a PUB socket, one message per engine step that changed whole blocks, three frames
+//!   `[topic, seq (i64 big-endian, from 0), msgpack batch]` (the batch: `kvgpt::kv_events`);
+//! - replay: a ROUTER socket; a request `[identity, "", start (i64 BE)]` is answered with every
+//!   batch kept from `start` on, `[identity, "", topic, seq, batch]`, then `[identity, "", topic,
+//!   -1, ""]` (vllm-router's form: vLLM before 0.26 sent no topic frame).
+//!
+//! The first batch says `AllBlocksCleared`: a router that saw an earlier run of this replica
+//! forgets it (a sequence number that starts again at 0 says the same).
+
+use super::metrics::Metrics;
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use clap::Args;
+use kvgpt::kv_events::{block_event, encode_batch, BlockEvent};
+use kvgpt::prefix_cache::Change;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+
+#[derive(Args, Clone, Debug)]
+pub struct KvEventArgs {
+    /// Publish the prompt cache's stored and evicted blocks (vLLM's KV-cache events) on a ZeroMQ
+    /// PUB socket bound here, e.g. tcp://127.0.0.1:5557 (port 0: any free port, printed).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub kv_events: Option<String>,
+    /// Also answer replay requests (a ZeroMQ ROUTER socket bound here) from the last 10000 batches.
+    #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
+    pub kv_events_replay: Option<String>,
+    /// The events' topic (the first frame of every message; vllm-router's static sources use "").
+    #[arg(long, value_name = "TOPIC", default_value = "")]
+    pub kv_events_topic: String,
+    /// Tokens per block in the events (a router counts whole blocks; vllm-router's default is 16).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub kv_block_size: u32,
+}
+
+/// Batches kept for replay (vLLM's `buffer_steps`).
+const KEPT: usize = 10_000;
+
+/// The last [`KEPT`] batches, `(seq, msgpack)`, shared by the publisher and the replay task.
+type Kept = Arc<Mutex<VecDeque<(i64, Vec<u8>)>>>;
+
+/// Where the events are published, as `/kv_event_sources` and the log tell it.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub endpoint: String,
+    pub replay: Option<String>,
+    pub topic: String,
+}
+
+/// The engine's side: changes go to the publishing task.
+#[derive(Clone)]
+pub struct Sink(UnboundedSender<Vec<Change>>);
+
+impl Sink {
+    pub fn send(&self, changes: Vec<Change>) {
+        let _ = self.0.send(changes);
+    }
+}
+
+/// Binds the sockets and starts publishing; None without --kv-events.
+pub async fn start(a: &KvEventArgs, metrics: Metrics) -> Result<Option<(Source, Sink)>> {
+    let Some(endpoint) = &a.kv_events else { return Ok(None) };
+    let mut publisher = zeromq::PubSocket::new();
+    let bound = publisher.bind(endpoint).await.with_context(|| bind_error("--kv-events", endpoint))?;
+    let kept = Kept::default();
+    let replay = match &a.kv_events_replay {
+        Some(r) => {
+            let mut router = zeromq::RouterSocket::new();
+            let at = router.bind(r).await.with_context(|| bind_error("--kv-events-replay", r))?;
+            tokio::spawn(answer_replays(router, a.kv_events_topic.clone(), kept.clone()));
+            Some(at.to_string())
+        }
+        None => None,
+    };
+    let (tx, rx) = unbounded_channel();
+    let topic = a.kv_events_topic.clone();
+    tokio::spawn(publish(publisher, rx, topic.clone(), a.kv_block_size as usize, kept, metrics));
+    let source = Source { endpoint: bound.to_string(), replay, topic };
+    tracing::info!(
+        "publishing KV-cache events on {} (topic {:?}, blocks of {} tokens{})",
+        source.endpoint,
+        source.topic,
+        a.kv_block_size,
+        source.replay.as_ref().map_or(String::new(), |r| format!(", replay on {r}"))
+    );
+    Ok(Some((source, Sink(tx))))
+}
+
+fn bind_error(flag: &str, endpoint: &str) -> String {
+    format!("could not bind {flag} {endpoint}; give a ZeroMQ endpoint such as tcp://127.0.0.1:5557 that is free")
+}
+
+fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
+    ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).expect("a message has frames")
+}
+
+async fn publish(
+    mut socket: zeromq::PubSocket,
+    mut rx: UnboundedReceiver<Vec<Change>>,
+    topic: String,
+    block_size: usize,
+    kept: Kept,
+    metrics: Metrics,
+) {
+    let mut seq = 0i64;
+    let mut pending = vec![BlockEvent::AllCleared];
+    loop {
+        if !pending.is_empty() {
+            let ts =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+            let batch = encode_batch(ts, &pending, block_size);
+            metrics.kv_events(&pending);
+            let frames = vec![topic.as_bytes().to_vec(), seq.to_be_bytes().to_vec(), batch.clone()];
+            {
+                let mut k = kept.lock().expect("the replay buffer");
+                if k.len() == KEPT {
+                    k.pop_front();
+                }
+                k.push_back((seq, batch));
+            }
+            if let Err(e) = socket.send(message(frames)).await {
+                tracing::warn!("could not publish KV-cache event batch {seq}: {e}");
+            }
+            seq += 1;
+        }
+        let Some(changes) = rx.recv().await else { return };
+        pending = changes.iter().filter_map(|c| block_event(c, block_size)).collect();
+    }
+}
+
+async fn answer_replays(socket: zeromq::RouterSocket, topic: String, kept: Kept) {
+    let (mut tx, mut rx) = socket.split();
+    loop {
+        let Ok(request) = rx.recv().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await; // a peer that failed
+            continue;
+        };
+        let frames = request.into_vec();
+        // [identity, "", start]
+        let (Some(id), Some(start)) = (frames.first(), frames.last()) else { continue };
+        let Ok(start) = <[u8; 8]>::try_from(start.as_ref()).map(i64::from_be_bytes) else { continue };
+        let batches: Vec<(i64, Vec<u8>)> =
+            kept.lock().expect("the replay buffer").iter().filter(|(s, _)| *s >= start).cloned().collect();
+        let reply = |seq: i64, payload: Vec<u8>| {
+            message(vec![id.to_vec(), vec![], topic.as_bytes().to_vec(), seq.to_be_bytes().to_vec(), payload])
+        };
+        for (seq, payload) in batches {
+            if tx.send(reply(seq, payload)).await.is_err() {
+                break;
+            }
+        }
+        let _ = tx.send(reply(-1, vec![])).await;
+    }
+}

@@ -1,0 +1,249 @@
+//! kvgpt replicas behind a real router: vllm-router 0.1.17 (PyPI), which `.ci/run` installs into
+//! `.venv-router` with pip (or give its binary as `KVGPT_VLLM_ROUTER`). Without it these tests
+//! print SKIPPED, unless `KVGPT_REQUIRE_ROUTER=1` (as in `.ci/run`) makes that a failure.
+//!
+//! - Two replicas behind the router under each policy: every answer is the one a single server
+//!   gives alone (and Hugging Face's greedy text for the fixture's prompts), and a shared-prefix
+//!   workload finds more of its prompts in the fleet's prompt caches under `cache_aware` and
+//!   under `kv_aware` (fed by kvgpt's KV-cache events, static and discovered) than under
+//!   `round_robin`.
+//! - A replica draining on SIGTERM says so on `/health`, refuses new work with 503 (the router
+//!   sends it to the other replica), and finishes what it has.
+
+mod common;
+
+use common::server::Server;
+use common::Reference;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn router_binary() -> Option<PathBuf> {
+    let bin = std::env::var_os("KVGPT_VLLM_ROUTER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-router/bin/vllm-router"));
+    if bin.exists() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var("KVGPT_REQUIRE_ROUTER").as_deref() != Ok("1"),
+        "KVGPT_REQUIRE_ROUTER=1 but there is no vllm-router at {}",
+        bin.display()
+    );
+    eprintln!("SKIPPED: no vllm-router at {} (pip install vllm-router==0.1.17 into .venv-router)", bin.display());
+    None
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A vllm-router process in front of `workers`, killed when dropped.
+struct Router {
+    child: Child,
+    base: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Router {
+    fn start(bin: &PathBuf, workers: &[&Server], policy: &str, extra: &[String]) -> Router {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("router.log");
+        let port = free_port();
+        let mut cmd = Command::new(bin);
+        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", policy]);
+        cmd.arg("--worker-urls").args(workers.iter().map(|w| w.base.clone()));
+        cmd.args(["--prometheus-port", &free_port().to_string(), "--worker-startup-check-interval", "1"]);
+        cmd.args(["--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--log-level", "debug"]);
+        let child = cmd
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(std::fs::File::create(dir.path().join("router.err")).unwrap()))
+            .spawn()
+            .unwrap();
+        let r = Router { child, base: format!("http://127.0.0.1:{port}"), log, _dir: dir };
+        let t0 = Instant::now();
+        while ureq::get(&format!("{}/health", r.base)).call().is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(60), "the router did not start:\n{}", r.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(1500)); // kv_aware: the subscribers connect
+        r
+    }
+
+    /// The router's log, without its colours.
+    fn log_text(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default()
+            + &std::fs::read_to_string(self.log.with_file_name("router.err")).unwrap_or_default();
+        let mut out = String::with_capacity(text.len());
+        let mut chars = text.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                chars.by_ref().find(|&c| c == 'm'); // ESC [ … m
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = ureq::post(&format!("{base}{path}")).set("content-type", "application/json").send_string(&body.to_string());
+    let (code, r) = match r {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => panic!("POST {base}{path}: {e}"),
+    };
+    let text = r.into_string().unwrap();
+    (code, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// G groups of K prompts of token ids: a group's 48-token system prompt, then a 6-token
+/// question; in the order g0 q0, g1 q0, g2 q0, g0 q1, … (an odd G, so round robin over two
+/// replicas sends every group to both).
+fn shared_prefix_prompts(groups: usize, per_group: usize) -> Vec<Vec<u32>> {
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    let mut ids = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                1000 + (x >> 33) as u32 % 29000
+            })
+            .collect()
+    };
+    let systems: Vec<Vec<u32>> = (0..groups).map(|_| ids(48)).collect();
+    let mut out = vec![];
+    for _ in 0..per_group {
+        for s in &systems {
+            out.push([s.clone(), ids(6)].concat());
+        }
+    }
+    out
+}
+
+/// Sends every prompt through `base`, one after another: the texts, and the fleet's hit ratio
+/// (cached prompt tokens over prompt tokens, from each response's usage).
+fn run(base: &str, prompts: &[Vec<u32>]) -> (Vec<String>, f64) {
+    let (mut texts, mut cached, mut total) = (vec![], 0.0, 0.0);
+    for p in prompts {
+        let (code, v) = post(base, "/v1/completions", &json!({"prompt": p, "max_tokens": 6, "temperature": 0}));
+        assert_eq!(code, 200, "{v}");
+        texts.push(v["choices"][0]["text"].as_str().unwrap().to_string());
+        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"].as_f64().unwrap();
+        total += v["usage"]["prompt_tokens"].as_f64().unwrap();
+    }
+    (texts, cached / total)
+}
+
+/// The KV-event endpoint a replica printed ("publishing KV-cache events on tcp://…").
+fn event_endpoints(s: &Server) -> (String, String) {
+    let line = s.log_lines(1, |l| l.contains("publishing KV-cache events on")).remove(0);
+    let after = |key: &str| line.split(key).nth(1).unwrap().split([' ', ')']).next().unwrap().to_string();
+    (after("events on "), after("replay on "))
+}
+
+#[test]
+fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_beat_round_robin() {
+    let Some(bin) = router_binary() else { return };
+    let events = ["--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0"];
+    let replicas = [Server::start(&events), Server::start(&events)];
+    let workers: Vec<&Server> = replicas.iter().collect();
+    let alone = Server::start(&[]);
+    let prompts = shared_prefix_prompts(3, 6);
+    let (want, _) = run(&alone.base, &prompts);
+
+    let mut static_sources = vec!["--kv-event-model".to_string(), "fixture".to_string()];
+    for r in &replicas {
+        let (live, replay) = event_endpoints(r);
+        static_sources.extend(["--kv-event-source".into(), format!("{}={live}", r.base)]);
+        static_sources.extend(["--kv-event-replay-source".into(), format!("{}={replay}", r.base)]);
+    }
+    let reference = Reference::load();
+    let mut ratios = vec![];
+    for (policy, extra) in [
+        ("round_robin", vec![]),
+        ("cache_aware", vec![]),
+        ("kv_aware", vec![]), // discovery: /server_info and /kv_event_sources
+        ("kv_aware", static_sources.clone()),
+    ] {
+        for r in &replicas {
+            let (code, v) = post(&r.base, "/flush_cache", &json!({}));
+            assert_eq!(code, 200, "{v}");
+        }
+        let router = Router::start(&bin, &workers, policy, &extra);
+        let (texts, ratio) = run(&router.base, &prompts);
+        for (i, (got, want)) in texts.iter().zip(&want).enumerate() {
+            assert_eq!(got, want, "{policy}: prompt {i} was answered otherwise than by a server alone");
+        }
+        // Hugging Face's greedy continuations, through the router (text prompts: the router
+        // asks each replica to render them into ids first).
+        for p in reference.prompts() {
+            let body = json!({"model": "tiny-gpt2", "prompt": p.text, "max_tokens": p.greedy_ids.len(),
+                "temperature": 0, "ignore_eos": true});
+            let (code, v) = post(&router.base, "/v1/completions", &body);
+            assert_eq!(code, 200, "{v}");
+            assert_eq!(v["choices"][0]["text"], p.greedy_text, "{policy}: {}", p.key);
+        }
+        if policy == "kv_aware" {
+            let log = router.log_text();
+            assert!(log.contains("credited_prefix_tokens=48"), "the router credited no cached blocks:\n{log}");
+        }
+        eprintln!("{policy} {}: fleet prompt-cache hit ratio {ratio:.3}", if extra.is_empty() { "" } else { "static" });
+        ratios.push((policy, ratio));
+    }
+    // Round robin sends every group to both replicas: each computes the group's prefix once.
+    let rr = ratios[0].1;
+    let expected_rr = (48.0 / 54.0) * (6.0 - 2.0) / 6.0;
+    assert!((rr - expected_rr).abs() < 0.02, "round robin's hit ratio {rr:.3}, expected about {expected_rr:.3}");
+    for &(policy, ratio) in &ratios[1..] {
+        assert!(ratio > rr + 0.1, "{policy}: hit ratio {ratio:.3} does not beat round robin's {rr:.3}");
+    }
+}
+
+#[test]
+fn a_draining_replica_refuses_new_work_and_the_router_sends_it_to_another() {
+    let draining = Server::start(&["--parallel", "1"]);
+    let other = Server::start(&[]);
+    let router = router_binary().map(|bin| Router::start(&bin, &[&draining, &other], "round_robin", &[]));
+    // Work in flight: eight choices of 120 tokens, one after another in its one slot.
+    let body = json!({"prompt": "The cat", "max_tokens": 120, "n": 8, "ignore_eos": true, "stream": true});
+    let r = ureq::post(&format!("{}/v1/completions", draining.base)).send_string(&body.to_string()).unwrap();
+    let mut stream = BufReader::new(r.into_reader());
+    let mut first = String::new();
+    stream.read_line(&mut first).unwrap();
+    Command::new("kill").args(["-TERM", &draining.child.id().to_string()]).status().unwrap();
+    let t0 = Instant::now();
+    while draining.get("/health").0 != 503 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "/health did not say the replica is draining");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(draining.get("/health").1, r#"{"status":"draining"}"#);
+    let (code, v) = draining.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}));
+    assert_eq!((code, v["error"]["code"].as_str()), (503, Some("draining")), "{v}");
+    assert_eq!(draining.metric("kvgpt_draining"), 1.0);
+    if let Some(router) = &router {
+        // Whatever the router picks, the draining replica's 503 sends the request on.
+        for i in 0..6 {
+            let (code, v) =
+                post(&router.base, "/v1/completions", &json!({"prompt": format!("x {i}"), "max_tokens": 2}));
+            assert_eq!(code, 200, "{v}");
+        }
+    }
+    let mut rest = String::new();
+    stream.read_to_string(&mut rest).unwrap();
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "the work in flight finished");
+    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 8);
+    assert!(draining.terminate().success());
+}
