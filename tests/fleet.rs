@@ -1,12 +1,16 @@
-//! kvgpt replicas behind a real router: vllm-router 0.1.17 (PyPI), which `.ci/run` installs into
-//! `.venv-router` with pip (or give its binary as `KVGPT_VLLM_ROUTER`). Without it these tests
-//! print SKIPPED, unless `KVGPT_REQUIRE_ROUTER=1` (as in `.ci/run`) makes that a failure.
+//! kvgpt replicas behind real routers: vllm-router 0.1.17 and sglang-router 0.3.2 (PyPI), which
+//! `.ci/run` installs into `.venv-router` with pip (or name another venv holding them in
+//! `KVGPT_ROUTER_VENV`). Without them these tests print SKIPPED, unless `KVGPT_REQUIRE_ROUTER=1`
+//! (as in `.ci/run`) makes that a failure.
 //!
 //! - Two replicas behind the router under each policy: every answer is the one a single server
 //!   gives alone (and Hugging Face's greedy text for the fixture's prompts), and a shared-prefix
 //!   workload finds more of its prompts in the fleet's prompt caches under `cache_aware` and
 //!   under `kv_aware` (fed by kvgpt's KV-cache events, static and discovered) than under
 //!   `round_robin`.
+//! - sglang-router registers the replicas by what their `/server_info` says, and forwards
+//!   completions and chat (re-serialized with its defaults) under `cache_aware` and
+//!   `power_of_two` (which reads `/get_load`): Hugging Face's greedy text.
 //! - A replica draining on SIGTERM says so on `/health`, refuses new work with 503 (the router
 //!   sends it to the other replica), and finishes what it has.
 
@@ -20,19 +24,36 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn router_binary() -> Option<PathBuf> {
-    let bin = std::env::var_os("KVGPT_VLLM_ROUTER")
+/// A router as a command: the venv's `vllm-router`, or its Python running sglang-router.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Vllm,
+    Sglang,
+}
+
+fn router(kind: Kind) -> Option<Command> {
+    let venv = std::env::var_os("KVGPT_ROUTER_VENV")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-router/bin/vllm-router"));
-    if bin.exists() {
-        return Some(bin);
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv-router"));
+    let (marker, mut cmd) = match kind {
+        Kind::Vllm => (venv.join("bin/vllm-router"), Command::new(venv.join("bin/vllm-router"))),
+        Kind::Sglang => (venv.join("bin/smg"), Command::new(venv.join("bin/python"))),
+    };
+    if kind == Kind::Sglang {
+        cmd.args(["-m", "sglang_router.launch_router"]);
+    }
+    if marker.exists() {
+        return Some(cmd);
     }
     assert!(
         std::env::var("KVGPT_REQUIRE_ROUTER").as_deref() != Ok("1"),
-        "KVGPT_REQUIRE_ROUTER=1 but there is no vllm-router at {}",
-        bin.display()
+        "KVGPT_REQUIRE_ROUTER=1 but there is no {kind:?} router in {}",
+        venv.display()
     );
-    eprintln!("SKIPPED: no vllm-router at {} (pip install vllm-router==0.1.17 into .venv-router)", bin.display());
+    eprintln!(
+        "SKIPPED: no {kind:?} router in {} (pip install vllm-router==0.1.17 sglang-router==0.3.2 there)",
+        venv.display()
+    );
     None
 }
 
@@ -49,11 +70,11 @@ struct Router {
 }
 
 impl Router {
-    fn start(bin: &PathBuf, workers: &[&Server], policy: &str, extra: &[String]) -> Router {
+    fn start(kind: Kind, workers: &[&Server], policy: &str, extra: &[String]) -> Router {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("router.log");
         let port = free_port();
-        let mut cmd = Command::new(bin);
+        let mut cmd = router(kind).expect("checked by the caller");
         cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--policy", policy]);
         cmd.arg("--worker-urls").args(workers.iter().map(|w| w.base.clone()));
         cmd.args(["--prometheus-port", &free_port().to_string(), "--worker-startup-check-interval", "1"]);
@@ -67,7 +88,9 @@ impl Router {
             .unwrap();
         let r = Router { child, base: format!("http://127.0.0.1:{port}"), log, _dir: dir };
         let t0 = Instant::now();
-        while ureq::get(&format!("{}/health", r.base)).call().is_err() {
+        // Ready once it lists a model: a worker has registered.
+        let listed = |r: &Router| ureq::get(&format!("{}/v1/models", r.base)).call().is_ok_and(|v| v.status() == 200);
+        while !listed(&r) {
             assert!(t0.elapsed() < Duration::from_secs(60), "the router did not start:\n{}", r.log_text());
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -156,7 +179,9 @@ fn event_endpoints(s: &Server) -> (String, String) {
 
 #[test]
 fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_beat_round_robin() {
-    let Some(bin) = router_binary() else { return };
+    if router(Kind::Vllm).is_none() {
+        return;
+    }
     let events = ["--kv-events", "tcp://127.0.0.1:0", "--kv-events-replay", "tcp://127.0.0.1:0"];
     let replicas = [Server::start(&events), Server::start(&events)];
     let workers: Vec<&Server> = replicas.iter().collect();
@@ -182,7 +207,7 @@ fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_be
             let (code, v) = post(&r.base, "/flush_cache", &json!({}));
             assert_eq!(code, 200, "{v}");
         }
-        let router = Router::start(&bin, &workers, policy, &extra);
+        let router = Router::start(Kind::Vllm, &workers, policy, &extra);
         let (texts, ratio) = run(&router.base, &prompts);
         for (i, (got, want)) in texts.iter().zip(&want).enumerate() {
             assert_eq!(got, want, "{policy}: prompt {i} was answered otherwise than by a server alone");
@@ -216,7 +241,7 @@ fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_be
 fn a_draining_replica_refuses_new_work_and_the_router_sends_it_to_another() {
     let draining = Server::start(&["--parallel", "1"]);
     let other = Server::start(&[]);
-    let router = router_binary().map(|bin| Router::start(&bin, &[&draining, &other], "round_robin", &[]));
+    let router = router(Kind::Vllm).map(|_| Router::start(Kind::Vllm, &[&draining, &other], "round_robin", &[]));
     // Work in flight: eight choices of 120 tokens, one after another in its one slot.
     let body = json!({"prompt": "The cat", "max_tokens": 120, "n": 8, "ignore_eos": true, "stream": true});
     let r = ureq::post(&format!("{}/v1/completions", draining.base)).send_string(&body.to_string()).unwrap();
@@ -246,4 +271,38 @@ fn a_draining_replica_refuses_new_work_and_the_router_sends_it_to_another() {
     assert!(rest.trim_end().ends_with("data: [DONE]"), "the work in flight finished");
     assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 8);
     assert!(draining.terminate().success());
+}
+
+#[test]
+fn replicas_behind_sglang_router_register_by_their_server_info_and_answer_as_hf() {
+    if router(Kind::Sglang).is_none() {
+        return;
+    }
+    let replicas = [Server::start(&[]), Server::start(&[])];
+    let workers: Vec<&Server> = replicas.iter().collect();
+    let reference = Reference::load();
+    for policy in ["cache_aware", "power_of_two"] {
+        let router = Router::start(Kind::Sglang, &workers, policy, &[]);
+        let models: Value = ureq::get(&format!("{}/v1/models", router.base)).call().unwrap().into_json().unwrap();
+        assert_eq!(models["data"][0]["id"], "tiny-gpt2", "registered under the served name of /server_info");
+        for p in reference.prompts() {
+            let n = p.greedy_ids.len();
+            let body = json!({"model": "tiny-gpt2", "prompt": p.text, "max_tokens": n, "temperature": 0,
+                "ignore_eos": true});
+            let (code, v) = post(&router.base, "/v1/completions", &body);
+            assert_eq!(code, 200, "{v}");
+            assert_eq!(v["choices"][0]["text"], p.greedy_text, "{policy}: {}", p.key);
+        }
+        // Chat, with the fields sglang-router adds (and max_tokens renamed): as a replica alone.
+        let body = json!({"model": "tiny-gpt2", "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 8, "temperature": 0});
+        let (code, routed) = post(&router.base, "/v1/chat/completions", &body);
+        assert_eq!(code, 200, "{routed}");
+        let alone = replicas[0].post("/v1/chat/completions", &body).1;
+        assert_eq!(routed["choices"][0]["message"], alone["choices"][0]["message"]);
+    }
+    for r in &replicas {
+        assert!(r.metric("kvgpt_requests_total{endpoint=\"/server_info\",status=\"200\"}") >= 1.0);
+    }
+    assert!(replicas[0].metric("kvgpt_requests_total{endpoint=\"/get_load\",status=\"200\"}") >= 1.0);
 }
