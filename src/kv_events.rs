@@ -78,60 +78,81 @@ pub fn block_event(change: &Change, size: usize) -> Option<BlockEvent> {
 
 /// One batch of events as msgpack, in the wire form above.
 pub fn encode_batch(ts: f64, events: &[BlockEvent], block_size: usize) -> Vec<u8> {
-    use rmp::encode::*;
-    // Writing into a Vec cannot fail.
-    fn ok<T, E: std::fmt::Debug>(r: Result<T, E>) {
-        r.expect("writing msgpack into memory");
-    }
-    let mut w = Vec::new();
-    let str_ = |w: &mut Vec<u8>, s: &str| ok(write_str(w, s));
-    let uints = |w: &mut Vec<u8>, xs: &mut dyn ExactSizeIterator<Item = u64>| {
-        ok(write_array_len(w, xs.len() as u32));
-        xs.for_each(|x| ok(write_uint(w, x)));
-    };
-    ok(write_array_len(&mut w, 3));
-    ok(write_f64(&mut w, ts));
-    ok(write_array_len(&mut w, events.len() as u32));
+    let mut w = Msgpack(Vec::new());
+    w.array(3);
+    w.f64(ts);
+    w.array(events.len());
     for e in events {
         match e {
             BlockEvent::Stored { hashes, parent, tokens } => {
-                ok(write_map_len(&mut w, 8));
-                str_(&mut w, "type");
-                str_(&mut w, "BlockStored");
-                str_(&mut w, "block_hashes");
-                uints(&mut w, &mut hashes.iter().copied());
-                str_(&mut w, "parent_block_hash");
+                w.event(8, "BlockStored", hashes);
+                w.str("parent_block_hash");
                 match parent {
-                    Some(p) => ok(write_uint(&mut w, *p)),
-                    None => ok(write_nil(&mut w)),
+                    Some(p) => w.uint(*p),
+                    None => w.nil(),
                 }
-                str_(&mut w, "token_ids");
-                uints(&mut w, &mut tokens.iter().map(|&t| u64::from(t)));
-                str_(&mut w, "block_size");
-                ok(write_uint(&mut w, block_size as u64));
+                w.str("token_ids");
+                w.uints(tokens.iter().map(|&t| u64::from(t)));
+                w.str("block_size");
+                w.uint(block_size as u64);
                 for key in ["lora_id", "medium", "lora_name"] {
-                    str_(&mut w, key);
-                    ok(write_nil(&mut w));
+                    w.str(key);
+                    w.nil();
                 }
             }
             BlockEvent::Removed { hashes } => {
-                ok(write_map_len(&mut w, 3));
-                str_(&mut w, "type");
-                str_(&mut w, "BlockRemoved");
-                str_(&mut w, "block_hashes");
-                uints(&mut w, &mut hashes.iter().copied());
-                str_(&mut w, "medium");
-                ok(write_nil(&mut w));
+                w.event(3, "BlockRemoved", hashes);
+                w.str("medium");
+                w.nil();
             }
             BlockEvent::AllCleared => {
-                ok(write_map_len(&mut w, 1));
-                str_(&mut w, "type");
-                str_(&mut w, "AllBlocksCleared");
+                w.map(1);
+                w.str("type");
+                w.str("AllBlocksCleared");
             }
         }
     }
-    ok(write_uint(&mut w, 0)); // data_parallel_rank: kvgpt is one rank
-    w
+    w.uint(0); // data_parallel_rank: kvgpt is one rank
+    w.0
+}
+
+/// msgpack written into memory (which cannot fail), one value at a time.
+struct Msgpack(Vec<u8>);
+
+impl Msgpack {
+    fn done<T, E: std::fmt::Debug>(r: Result<T, E>) {
+        r.expect("writing msgpack into memory");
+    }
+    fn array(&mut self, n: usize) {
+        Self::done(rmp::encode::write_array_len(&mut self.0, n as u32));
+    }
+    fn map(&mut self, n: usize) {
+        Self::done(rmp::encode::write_map_len(&mut self.0, n as u32));
+    }
+    fn str(&mut self, s: &str) {
+        Self::done(rmp::encode::write_str(&mut self.0, s));
+    }
+    fn uint(&mut self, x: u64) {
+        Self::done(rmp::encode::write_uint(&mut self.0, x));
+    }
+    fn f64(&mut self, x: f64) {
+        Self::done(rmp::encode::write_f64(&mut self.0, x));
+    }
+    fn nil(&mut self) {
+        Self::done(rmp::encode::write_nil(&mut self.0));
+    }
+    fn uints(&mut self, xs: impl ExactSizeIterator<Item = u64>) {
+        self.array(xs.len());
+        xs.for_each(|x| self.uint(x));
+    }
+    /// A map of `fields` entries that starts `type: kind, block_hashes: hashes`.
+    fn event(&mut self, fields: usize, kind: &str, hashes: &[u64]) {
+        self.map(fields);
+        self.str("type");
+        self.str(kind);
+        self.str("block_hashes");
+        self.uints(hashes.iter().copied());
+    }
 }
 
 #[cfg(test)]

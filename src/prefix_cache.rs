@@ -309,4 +309,4 @@ impl PrefixCache {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -16,10 +16,9 @@
 
 mod common;
 
-use common::server::Server;
+use common::server::{finish_stream, Server};
 use common::Reference;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -243,12 +242,9 @@ fn a_draining_replica_refuses_new_work_and_the_router_sends_it_to_another() {
     let other = Server::start(&[]);
     let router = router(Kind::Vllm).map(|_| Router::start(Kind::Vllm, &[&draining, &other], "round_robin", &[]));
     // Work in flight: eight choices of 120 tokens, one after another in its one slot.
-    let body = json!({"prompt": "The cat", "max_tokens": 120, "n": 8, "ignore_eos": true, "stream": true});
-    let r = ureq::post(&format!("{}/v1/completions", draining.base)).send_string(&body.to_string()).unwrap();
-    let mut stream = BufReader::new(r.into_reader());
-    let mut first = String::new();
-    stream.read_line(&mut first).unwrap();
-    Command::new("kill").args(["-TERM", &draining.child.id().to_string()]).status().unwrap();
+    let stream = draining.open_stream(&json!({"prompt": "The cat", "max_tokens": 120, "n": 8, "ignore_eos": true,
+        "stream": true}));
+    draining.sigterm();
     let t0 = Instant::now();
     while draining.get("/health").0 != 503 {
         assert!(t0.elapsed() < Duration::from_secs(5), "/health did not say the replica is draining");
@@ -266,10 +262,7 @@ fn a_draining_replica_refuses_new_work_and_the_router_sends_it_to_another() {
             assert_eq!(code, 200, "{v}");
         }
     }
-    let mut rest = String::new();
-    stream.read_to_string(&mut rest).unwrap();
-    assert!(rest.trim_end().ends_with("data: [DONE]"), "the work in flight finished");
-    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 8);
+    finish_stream(stream, 8);
     assert!(draining.terminate().success());
 }
 

@@ -9,7 +9,6 @@ use common::server::*;
 use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -354,16 +353,10 @@ fn a_client_that_disconnects_frees_its_slot_and_sigterm_drains() {
     // The slot is free: the next request is served.
     assert_eq!(s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
     // SIGTERM while a stream is in flight: the stream still ends with [DONE], then the process exits 0.
-    let body = json!({"prompt": "The cat", "max_tokens": 100, "n": 3, "ignore_eos": true, "stream": true});
-    let r = ureq::post(&format!("{}/v1/completions", s.base)).send_string(&body.to_string()).unwrap();
-    let mut reader = BufReader::new(r.into_reader());
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    Command::new("kill").args(["-TERM", &s.child.id().to_string()]).status().unwrap();
-    let mut rest = String::new();
-    reader.read_to_string(&mut rest).unwrap();
-    assert!(rest.trim_end().ends_with("data: [DONE]"), "the stream in flight finished");
-    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), 3);
+    let stream = s.open_stream(&json!({"prompt": "The cat", "max_tokens": 100, "n": 3, "ignore_eos": true,
+        "stream": true}));
+    s.sigterm();
+    finish_stream(stream, 3);
     assert!(s.terminate().success());
 }
 

@@ -6,7 +6,7 @@ use crate::config::Config;
 
 const PER_TOKEN: usize = 20; // 2 parts × 2 floats × 4 bytes of K/V + 4 bytes of token id
 
-fn cfg() -> Config {
+pub(crate) fn cfg() -> Config {
     Config {
         n_layer: 1,
         n_head: 1,
@@ -23,7 +23,7 @@ fn cfg() -> Config {
 }
 
 /// A cache holding `ids` at positions 0.., with the made-up K/V.
-fn cache_of(ids: &[u32]) -> KvCache {
+pub(crate) fn cache_of(ids: &[u32]) -> KvCache {
     let n = ids.len();
     let mut data = vec![];
     for sign in [1.0, -1.0] {

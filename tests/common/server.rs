@@ -132,6 +132,21 @@ impl Server {
         }
     }
 
+    /// Starts a streamed completion and reads its first line; the rest is for [`finish_stream`].
+    pub fn open_stream(&self, body: &Value) -> BufReader<Box<dyn std::io::Read + Send + Sync>> {
+        let r = ureq::post(&format!("{}/v1/completions", self.base)).send_string(&body.to_string()).unwrap();
+        let mut reader = BufReader::new(r.into_reader());
+        let mut first = String::new();
+        reader.read_line(&mut first).unwrap();
+        assert!(first.starts_with("data: "), "{first}");
+        reader
+    }
+
+    /// Sends SIGTERM: the server drains, then exits by itself.
+    pub fn sigterm(&self) {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+    }
+
     pub fn terminate(mut self) -> std::process::ExitStatus {
         Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
         let t0 = Instant::now();
@@ -150,6 +165,15 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Reads a stream that [`Server::open_stream`] opened to its end, which must be `[DONE]` after
+/// `choices` choices that finished by length.
+pub fn finish_stream(mut reader: impl std::io::Read, choices: usize) {
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "the stream in flight finished");
+    assert_eq!(rest.matches("\"finish_reason\":\"length\"").count(), choices);
 }
 
 pub fn ids_of(v: &Value) -> Vec<u32> {
