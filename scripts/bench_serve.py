@@ -261,8 +261,9 @@ def body_for(prompt, max_tokens, temperature):
 
 # ---------------------------------------------------------------- requests
 
-def one_request(port, prompt, max_tokens, timeout, temperature=0.0):
-    """One streamed completion; returns its timings, text, usage and any error."""
+def one_request(port, prompt, max_tokens, timeout, temperature=0.0, headers=None):
+    """One streamed completion; returns its timings, text, usage and any error. `headers`: extra
+    request headers (scripts/fleet.py sends a session id for nginx's consistent hash)."""
     rec = {"ttft": None, "itl": [], "text": "", "chunks": 0, "usage": None, "timings": None, "finish": None,
            "error": None, "prompt_len": len(prompt)}
     payload = json.dumps(body_for(prompt, max_tokens, temperature)).encode()
@@ -271,7 +272,8 @@ def one_request(port, prompt, max_tokens, timeout, temperature=0.0):
     conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     done = False
     try:
-        conn.request("POST", "/v1/completions", body=payload, headers={"Content-Type": "application/json"})
+        conn.request("POST", "/v1/completions", body=payload,
+                     headers={"Content-Type": "application/json", **(headers or {})})
         resp = conn.getresponse()
         if resp.status != 200:
             rec["error"] = f"HTTP {resp.status}: {resp.read(4000).decode('utf-8', 'replace').strip()}"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Three `kvgpt serve` replicas (-t 1 each) behind vllm-router 0.1.17: round_robin, cache_aware and
+# kv_aware on a shared-prefix workload, one command (scripts/fleet.py has the details; extra
+# arguments go to it, e.g. --rounds 2 --fault --drain --json out.json). Builds target/release/kvgpt
+# and makes /tmp/distilgpt2-random (README's numpy venv) only when they are missing; fleet.py
+# pip-installs the router into .venv-router when it is not there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ -x target/release/kvgpt ]] || cargo build --release
+if [[ ! -f /tmp/distilgpt2-random/model.safetensors ]]; then
+    .venv/bin/python -c 'import numpy' 2>/dev/null || { python3 -m venv .venv && .venv/bin/pip install numpy; }
+    .venv/bin/python scripts/make_random_checkpoint.py /tmp/distilgpt2-random
+fi
+exec python3 scripts/fleet.py --front vllm-router --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random "$@"
