@@ -261,9 +261,10 @@ def body_for(prompt, max_tokens, temperature):
 
 # ---------------------------------------------------------------- requests
 
-def one_request(port, prompt, max_tokens, timeout, temperature=0.0, headers=None):
+def one_request(port, prompt, max_tokens, timeout, temperature=0.0, headers=None, on_text=None):
     """One streamed completion; returns its timings, text, usage and any error. `headers`: extra
-    request headers (scripts/fleet.py sends a session id for nginx's consistent hash)."""
+    request headers (scripts/fleet.py sends a session id for nginx's consistent hash); `on_text()` is
+    called at every chunk with text."""
     rec = {"ttft": None, "itl": [], "text": "", "chunks": 0, "usage": None, "timings": None, "finish": None,
            "error": None, "prompt_len": len(prompt)}
     payload = json.dumps(body_for(prompt, max_tokens, temperature)).encode()
@@ -308,6 +309,8 @@ def one_request(port, prompt, max_tokens, timeout, temperature=0.0, headers=None
                         last = now
                         rec["text"] += text
                         rec["chunks"] += 1
+                        if on_text:
+                            on_text()
                     if ch.get("finish_reason"):
                         rec["finish"] = ch["finish_reason"]
                 if obj.get("usage"):

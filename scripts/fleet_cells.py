@@ -6,7 +6,6 @@ Imports fleet_procs, never fleet.py or fleet_fronts.py (a front comes in as an a
 import argparse
 import datetime
 import http.client
-import json
 import math
 import os
 import re
@@ -17,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_serve  # noqa: E402  (the workload, the request loop and the statistics)
-from fleet_procs import HOST, StartError, deltas, flush, log, replica_counts, snapshot  # noqa: E402
+from fleet_procs import StartError, deltas, flush, log, replica_counts, snapshot  # noqa: E402
 
 
 # ---------------------------------------------------------------- running requests
@@ -81,44 +80,10 @@ class Runner:
 
 def hold_request(port, prompt, max_tokens, timeout, streaming, out):
     """A long streamed request straight to one replica; sets `streaming` at its first text."""
-    out.update({"text": "", "finish": None, "done": False, "error": None, "status": None})
-    body = bench_serve.body_for(prompt, max_tokens, 0.0)
-    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
     t0 = time.monotonic()
     try:
-        conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
-                     headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        out["status"] = resp.status
-        if resp.status != 200:
-            out["error"] = f"HTTP {resp.status}: {resp.read(2000).decode('utf-8', 'replace')}"
-            return
-        while time.monotonic() - t0 < timeout:
-            line = resp.readline()
-            if not line:
-                break
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                out["done"] = True
-                break
-            obj = json.loads(data)
-            for ch in obj.get("choices") or []:
-                if ch.get("text"):
-                    out["text"] += ch["text"]
-                    streaming.set()
-                if ch.get("finish_reason"):
-                    out["finish"] = ch["finish_reason"]
-            if obj.get("usage"):
-                out["usage"] = obj["usage"]
-        if not out["done"] or not out["finish"]:
-            out["error"] = "the stream ended without a finish_reason and data: [DONE]"
-    except (OSError, http.client.HTTPException, ValueError) as e:
-        out["error"] = f"{type(e).__name__}: {e}"
+        out.update(bench_serve.one_request(port, prompt, max_tokens, timeout, on_text=streaming.set))
     finally:
-        conn.close()
         out["seconds"] = time.monotonic() - t0
         streaming.set()
 

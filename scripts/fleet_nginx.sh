@@ -6,9 +6,5 @@
 # they are missing; fleet.py installs nginx with apt-get (as root) when it is not there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ -x target/release/kvgpt ]] || cargo build --release
-if [[ ! -f /tmp/distilgpt2-random/model.safetensors ]]; then
-    .venv/bin/python -c 'import numpy' 2>/dev/null || { python3 -m venv .venv && .venv/bin/pip install numpy; }
-    .venv/bin/python scripts/make_random_checkpoint.py /tmp/distilgpt2-random
-fi
+source scripts/fleet_prepare.sh
 exec python3 scripts/fleet.py --front nginx --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random "$@"
