@@ -13,6 +13,8 @@
 //!   `power_of_two` (which reads `/get_load`): Hugging Face's greedy text.
 //! - A replica draining on SIGTERM says so on `/health`, refuses new work with 503 (the router
 //!   sends it to the other replica), and finishes what it has.
+//! - The gauges the Inference Extension's endpoint picker reads (vLLM's names) agree with what
+//!   the engine holds (no router needed).
 
 mod common;
 
@@ -298,4 +300,38 @@ fn replicas_behind_sglang_router_register_by_their_server_info_and_answer_as_hf(
         assert!(r.metric("kvgpt_requests_total{endpoint=\"/server_info\",status=\"200\"}") >= 1.0);
     }
     assert!(replicas[0].metric("kvgpt_requests_total{endpoint=\"/get_load\",status=\"200\"}") >= 1.0);
+}
+
+/// The gauges the Inference Extension's endpoint picker reads, under vLLM's names, agree with
+/// what the engine holds while a request runs: its one slot running, three choices waiting, the K/V
+/// usage as the fraction of the slot's limit, and the block count of 1 slot × 128 positions in
+/// blocks of 16.
+#[test]
+fn the_inference_extension_gauges_agree_with_what_the_engine_holds() {
+    let s = Server::start(&["--parallel", "1", "--kv-block-size", "16"]);
+    let stream = s.open_stream(&json!({"prompt": "The cat", "max_tokens": 120, "n": 4, "ignore_eos": true,
+        "stream": true}));
+    let value = |text: &str, name: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name}:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let t0 = Instant::now();
+    let text = loop {
+        let (_, text) = s.get("/metrics");
+        if value(&text, "vllm:num_requests_running") == 1.0 && value(&text, "vllm:num_requests_waiting") > 0.0 {
+            break text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "never saw the request running:\n{text}");
+    };
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"] {
+        assert!(text.contains(&format!("# TYPE {name} gauge")), "{name} is typed as a gauge");
+    }
+    assert_eq!(value(&text, "kvgpt_requests_running"), 1.0);
+    assert_eq!(value(&text, "vllm:num_requests_waiting"), value(&text, "kvgpt_requests_waiting"));
+    let usage = value(&text, "vllm:kv_cache_usage_perc");
+    assert!(usage > 0.0 && usage <= 1.0, "{usage}");
+    assert_eq!(usage, value(&text, "kvgpt_kv_cache_bytes") / value(&text, "kvgpt_kv_cache_limit_bytes"));
+    assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1"), "{text}");
+    assert!(text.contains("vllm:lora_requests_info{max_lora=\"0\""), "{text}");
+    finish_stream(stream, 4);
 }
