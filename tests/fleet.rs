@@ -335,3 +335,39 @@ fn the_inference_extension_gauges_agree_with_what_the_engine_holds() {
     assert!(text.contains("vllm:lora_requests_info{max_lora=\"0\""), "{text}");
     finish_stream(stream, 4);
 }
+
+/// What routers read, without a router: render gives the ids a completion prefills (its usage
+/// counts them; chat through the template), `/model_info` names GPT-2, `/kv_event_sources` is a
+/// 404 without events and advertises `tcp://*:PORT` for events bound on every interface (as
+/// deploy/kvgpt.yaml binds them), and events without a prompt cache are refused at start.
+#[test]
+fn render_model_info_and_event_sources_answer_as_routers_read_them() {
+    let s = Server::start(&["--kv-events", "tcp://*:0"]);
+    let (code, v) = s.post("/v1/completions/render", &json!({"prompt": "The cat sat on"}));
+    assert_eq!(code, 200, "{v}");
+    let ids = common::server::ids_of(&v[0]["token_ids"]);
+    let reference = Reference::load();
+    assert_eq!(ids, reference.prompts().into_iter().find(|p| p.text == "The cat sat on").map(|p| p.ids).unwrap());
+    let chat = json!({"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 2});
+    let (_, rendered) = s.post("/v1/chat/completions/render", &chat);
+    let (_, answered) = s.post("/v1/chat/completions", &chat);
+    assert_eq!(rendered["token_ids"].as_array().unwrap().len() as u64, answered["usage"]["prompt_tokens"]);
+    let (_, info) = s.get("/model_info");
+    assert!(info.contains("\"architectures\":[\"GPT2LMHeadModel\"]"), "{info}");
+    let (_, sources) = s.get("/kv_event_sources");
+    let sources: Value = serde_json::from_str(&sources).unwrap();
+    let endpoint = sources["0"]["endpoint"].as_str().unwrap();
+    assert!(endpoint.starts_with("tcp://*:") && !endpoint.ends_with(":0"), "{endpoint}");
+    assert_eq!(sources["0"]["schema_version"], 1);
+
+    let plain = Server::start(&[]);
+    let (code, _) = plain.get("/kv_event_sources");
+    assert_eq!(code, 404);
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["serve", "--model", common::fixture_dir().to_str().unwrap(), "--port", "0"])
+        .args(["--kv-events", "tcp://127.0.0.1:0", "--cache-mb", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cache-mb 0 turns it off"));
+}

@@ -58,6 +58,10 @@ pub trait Monitor: Send {
     fn first_token(&mut self, _ttft: Duration) {}
     fn token(&mut self, _itl: Duration) {}
     fn finished(&mut self, _u: &Usage, _ending: Ending) {}
+    /// Whether [`Monitor::cache_changed`] is wanted (the prompt cache keeps a journal for it only then).
+    fn wants_cache_changes(&self) -> bool {
+        false
+    }
     /// What the prompt cache stored and evicted, in order, since the last call.
     fn cache_changed(&mut self, _changes: Vec<Change>) {}
 }

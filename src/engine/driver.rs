@@ -31,10 +31,8 @@ pub(super) struct Engine {
 
 impl Engine {
     pub fn new(model: Arc<Model>, cfg: EngineConfig, inflight: Arc<AtomicUsize>) -> Engine {
-        let mut cache = PrefixCache::new(cfg.cache_bytes);
-        cache.keep_journal(); // for the monitor (a router mirrors the cache from it)
         Engine {
-            cache,
+            cache: PrefixCache::new(cfg.cache_bytes),
             runner: Runner::new(model, cfg.max_rows()),
             cfg,
             slots: vec![],
@@ -46,6 +44,9 @@ impl Engine {
 
     /// Runs until [`Command::Drain`] (or every handle is gone) and nothing is left to do.
     pub fn run(mut self, rx: mpsc::Receiver<Command>, monitor: &mut dyn Monitor) {
+        if monitor.wants_cache_changes() {
+            self.cache.keep_journal(); // a router mirrors the cache from it
+        }
         loop {
             let idle = self.slots.is_empty() && self.waiting.is_empty();
             if idle && self.draining {
@@ -100,8 +101,8 @@ impl Engine {
                 let before = self.cache.stats.evicted_tokens;
                 self.cache.evict_to(0);
                 let evicted_tokens = self.cache.stats.evicted_tokens - before;
+                self.report_cache(monitor); // the events go out before the answer
                 let _ = reply.send(Flushed { evicted_tokens, held_tokens: self.cache.tokens() });
-                self.report_cache(monitor);
             }
         }
     }

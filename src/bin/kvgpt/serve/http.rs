@@ -88,8 +88,8 @@ pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError 
         "not_found",
         format!(
             "no endpoint {} {}; this server has /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, \
-             /detokenize, /metrics, and for routers /server_info, /model_info, /get_load, /kv_event_sources, \
-             /flush_cache and /v1/completions/render, /v1/chat/completions/render",
+             /detokenize, /metrics, and for routers /server_info (/get_server_info), /model_info (/get_model_info), \
+             /get_load, /kv_event_sources, /flush_cache and /v1/completions/render, /v1/chat/completions/render",
             req.method(),
             req.uri().path()
         ),

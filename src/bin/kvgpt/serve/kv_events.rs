@@ -66,21 +66,22 @@ impl Sink {
 pub async fn start(a: &KvEventArgs, metrics: Metrics) -> Result<Option<(Source, Sink)>> {
     let Some(endpoint) = &a.kv_events else { return Ok(None) };
     let mut publisher = zeromq::PubSocket::new();
-    let bound = publisher.bind(endpoint).await.with_context(|| bind_error("--kv-events", endpoint))?;
+    let bound = bind(&mut publisher, endpoint, "--kv-events").await?;
     let kept = Kept::default();
     let replay = match &a.kv_events_replay {
         Some(r) => {
             let mut router = zeromq::RouterSocket::new();
-            let at = router.bind(r).await.with_context(|| bind_error("--kv-events-replay", r))?;
+            let at = bind(&mut router, r, "--kv-events-replay").await?;
             tokio::spawn(answer_replays(router, a.kv_events_topic.clone(), kept.clone()));
-            Some(at.to_string())
+            Some(at)
         }
         None => None,
     };
     let (tx, rx) = unbounded_channel();
     let topic = a.kv_events_topic.clone();
-    tokio::spawn(publish(publisher, rx, topic.clone(), a.kv_block_size as usize, kept, metrics));
-    let source = Source { endpoint: bound.to_string(), replay, topic };
+    let stream = Stream { topic: topic.clone(), block_size: a.kv_block_size as usize, kept, metrics };
+    tokio::spawn(publish(publisher, rx, stream));
+    let source = Source { endpoint: bound, replay, topic };
     tracing::info!(
         "publishing KV-cache events on {} (topic {:?}, blocks of {} tokens{})",
         source.endpoint,
@@ -91,22 +92,31 @@ pub async fn start(a: &KvEventArgs, metrics: Metrics) -> Result<Option<(Source, 
     Ok(Some((source, Sink(tx))))
 }
 
-fn bind_error(flag: &str, endpoint: &str) -> String {
-    format!("could not bind {flag} {endpoint}; give a ZeroMQ endpoint such as tcp://127.0.0.1:5557 that is free")
+/// Binds `endpoint`; `tcp://*:P` (vLLM's form for every interface) binds 0.0.0.0. Returns the
+/// endpoint to advertise: as bound (with the port chosen for port 0), but every interface as `*`,
+/// which routers replace with the replica's own host.
+async fn bind(socket: &mut impl Socket, endpoint: &str, flag: &str) -> Result<String> {
+    let wanted = endpoint.replacen("tcp://*:", "tcp://0.0.0.0:", 1);
+    let bound = socket.bind(&wanted).await.with_context(|| {
+        format!("could not bind {flag} {endpoint}; give a ZeroMQ endpoint such as tcp://127.0.0.1:5557 that is free")
+    })?;
+    Ok(bound.to_string().replacen("tcp://0.0.0.0:", "tcp://*:", 1))
+}
+
+/// What the publishing task keeps: the topic, the block size, the batches for replay, the counters.
+struct Stream {
+    topic: String,
+    block_size: usize,
+    kept: Kept,
+    metrics: Metrics,
 }
 
 fn message(frames: Vec<Vec<u8>>) -> ZmqMessage {
     ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).expect("a message has frames")
 }
 
-async fn publish(
-    mut socket: zeromq::PubSocket,
-    mut rx: UnboundedReceiver<Vec<Change>>,
-    topic: String,
-    block_size: usize,
-    kept: Kept,
-    metrics: Metrics,
-) {
+async fn publish(mut socket: zeromq::PubSocket, mut rx: UnboundedReceiver<Vec<Change>>, s: Stream) {
+    let Stream { topic, block_size, kept, metrics } = s;
     let mut seq = 0i64;
     let mut pending = vec![BlockEvent::AllCleared];
     loop {
@@ -149,11 +159,12 @@ async fn answer_replays(socket: zeromq::RouterSocket, topic: String, kept: Kept)
         let reply = |seq: i64, payload: Vec<u8>| {
             message(vec![id.to_vec(), vec![], topic.as_bytes().to_vec(), seq.to_be_bytes().to_vec(), payload])
         };
-        for (seq, payload) in batches {
-            if tx.send(reply(seq, payload)).await.is_err() {
+        // A peer that stops reading holds this task (one reply at a time) for at most 2 s a message.
+        let messages = batches.into_iter().map(|(seq, payload)| reply(seq, payload)).chain([reply(-1, vec![])]);
+        for m in messages {
+            if !matches!(tokio::time::timeout(std::time::Duration::from_secs(2), tx.send(m)).await, Ok(Ok(()))) {
                 break;
             }
         }
-        let _ = tx.send(reply(-1, vec![])).await;
     }
 }

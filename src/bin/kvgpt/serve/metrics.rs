@@ -7,7 +7,6 @@
 //! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc` as a fraction, `vllm:cache_config_info`,
 //! `vllm:lora_requests_info`), so a picker routes to kvgpt replicas with its defaults.
 
-use super::kv_events::Sink;
 use kvgpt::engine::{Ending, Gauges, Monitor, Usage};
 use kvgpt::kv_events::BlockEvent;
 use kvgpt::prefix_cache::Change;
@@ -110,7 +109,7 @@ impl Metrics {
             metrics::describe_gauge!("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)");
             metrics::describe_gauge!(
                 "vllm:kv_cache_usage_perc",
-                "K/V held by running sequences over what all slots may hold, 0 to 1 (vLLM's name)"
+                "K/V reserved by running sequences over what all slots may hold, 0 to 1 (vLLM's name)"
             );
             metrics::describe_gauge!("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold");
             metrics::describe_gauge!("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)");
@@ -185,7 +184,7 @@ impl Metrics {
             let none = || String::new();
             gauge!("vllm:lora_requests_info", "max_lora" => "0", "running_lora_adapters" => none(),
                 "waiting_lora_adapters" => none())
-            .set(super::http::now_secs() as f64);
+            .set(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
         });
     }
 
@@ -219,9 +218,10 @@ impl Metrics {
         self.with(|| histogram!("kvgpt_request_duration_seconds").record(d.as_secs_f64()));
     }
 
-    /// The engine thread's observer: `kv_limit` bytes of K/V for the slots, the prompt cache's
-    /// changes to `events` (with --kv-events).
-    pub fn monitor(&self, kv_limit: usize, events: Option<Sink>) -> EngineMonitor {
+    /// The engine thread's observer: the model's K/V for every slot at full context is
+    /// `kv_limit` bytes (a draft model's caches not counted: the engine's `kv_bytes` holds none);
+    /// the prompt cache's changes go to `events` (with --kv-events).
+    pub fn monitor(&self, kv_limit: usize, events: Option<CacheSink>) -> EngineMonitor {
         EngineMonitor { metrics: self.clone(), kv_limit, events }
     }
 }
@@ -238,14 +238,18 @@ pub struct Limits {
     pub block_size: usize,
 }
 
+/// Where the prompt cache's changes go (the KV-event publisher).
+pub type CacheSink = Box<dyn FnMut(Vec<Change>) + Send>;
+
 pub struct EngineMonitor {
     metrics: Metrics,
     kv_limit: usize,
-    events: Option<Sink>,
+    events: Option<CacheSink>,
 }
 
 impl Monitor for EngineMonitor {
     fn step(&mut self, g: &Gauges) {
+        // K/V reserved by the running sequences (each sized to its prompt and max_tokens).
         let usage = g.kv_bytes as f64 / self.kv_limit.max(1) as f64;
         *self.metrics.last.lock().expect("the last gauges") = *g;
         self.metrics.with(|| {
@@ -271,9 +275,13 @@ impl Monitor for EngineMonitor {
         self.metrics.with(|| histogram!("kvgpt_inter_token_latency_seconds").record(itl.as_secs_f64()));
     }
 
+    fn wants_cache_changes(&self) -> bool {
+        self.events.is_some()
+    }
+
     fn cache_changed(&mut self, changes: Vec<Change>) {
-        if let Some(sink) = &self.events {
-            sink.send(changes);
+        if let Some(sink) = &mut self.events {
+            sink(changes);
         }
     }
 

@@ -221,7 +221,9 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         cache: cache_bytes,
         block_size,
     });
-    let monitor = Box::new(app.metrics.monitor(kv_limit, kv_sink));
+    let sink = kv_sink.map(|s| Box::new(move |changes| s.send(changes)) as metrics::CacheSink);
+    let model_kv = a.parallel as usize * cfg.n_positions * kvgpt::KvCache::bytes_per_position(cfg);
+    let monitor = Box::new(app.metrics.monitor(model_kv, sink));
     let (engine, engine_thread) =
         engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("could not start the engine thread")?;
     let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
