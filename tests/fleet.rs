@@ -225,6 +225,9 @@ fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_be
         if policy == "kv_aware" {
             let log = router.log_text();
             assert!(log.contains("credited_prefix_tokens=48"), "the router credited no cached blocks:\n{log}");
+            // It subscribed after the replicas had published (the flush's batches): the batches
+            // before its first one came from the replay socket.
+            assert!(log.contains("replay sequence advanced"), "the router replayed nothing:\n{log}");
         }
         eprintln!("{policy} {}: fleet prompt-cache hit ratio {ratio:.3}", if extra.is_empty() { "" } else { "static" });
         ratios.push((policy, ratio));

@@ -27,7 +27,8 @@ pub struct KvEventArgs {
     /// PUB socket bound here, e.g. tcp://127.0.0.1:5557 (port 0: any free port, printed).
     #[arg(long, value_name = "ENDPOINT")]
     pub kv_events: Option<String>,
-    /// Also answer replay requests (a ZeroMQ ROUTER socket bound here) from the last 10000 batches.
+    /// Also answer replay requests (a ZeroMQ ROUTER socket bound here) from the last 10000 batches
+    /// (at most 64 MiB of them).
     #[arg(long, value_name = "ENDPOINT", requires = "kv_events")]
     pub kv_events_replay: Option<String>,
     /// The events' topic (the first frame of every message; vllm-router's static sources use "").
@@ -40,9 +41,32 @@ pub struct KvEventArgs {
 
 /// Batches kept for replay (vLLM's `buffer_steps`).
 const KEPT: usize = 10_000;
+/// And at most this many bytes of them (a batch carries its blocks' token ids).
+const KEPT_BYTES: usize = 64 << 20;
 
 /// The last [`KEPT`] batches, `(seq, msgpack)`, shared by the publisher and the replay task.
-type Kept = Arc<Mutex<VecDeque<(i64, Vec<u8>)>>>;
+type Kept = Arc<Mutex<Batches>>;
+
+/// Batches in sequence order, `(seq, msgpack)`, and their bytes.
+#[derive(Default)]
+struct Batches {
+    list: VecDeque<(i64, Vec<u8>)>,
+    bytes: usize,
+}
+
+impl Batches {
+    fn push(&mut self, seq: i64, batch: Vec<u8>) {
+        self.bytes += batch.len();
+        self.list.push_back((seq, batch));
+        while self.list.len() > KEPT || self.bytes > KEPT_BYTES {
+            self.bytes -= self.list.pop_front().map_or(0, |(_, b)| b.len());
+        }
+    }
+
+    fn from(&self, start: i64) -> Vec<(i64, Vec<u8>)> {
+        self.list.iter().filter(|(s, _)| *s >= start).cloned().collect()
+    }
+}
 
 /// Where the events are published, as `/kv_event_sources` and the log tell it.
 #[derive(Clone, Debug)]
@@ -126,13 +150,7 @@ async fn publish(mut socket: zeromq::PubSocket, mut rx: UnboundedReceiver<Vec<Ch
             let batch = encode_batch(ts, &pending, block_size);
             metrics.kv_events(&pending);
             let frames = vec![topic.as_bytes().to_vec(), seq.to_be_bytes().to_vec(), batch.clone()];
-            {
-                let mut k = kept.lock().expect("the replay buffer");
-                if k.len() == KEPT {
-                    k.pop_front();
-                }
-                k.push_back((seq, batch));
-            }
+            kept.lock().expect("the replay buffer").push(seq, batch);
             if let Err(e) = socket.send(message(frames)).await {
                 tracing::warn!("could not publish KV-cache event batch {seq}: {e}");
             }
@@ -154,8 +172,7 @@ async fn answer_replays(socket: zeromq::RouterSocket, topic: String, kept: Kept)
         // [identity, "", start]
         let (Some(id), Some(start)) = (frames.first(), frames.last()) else { continue };
         let Ok(start) = <[u8; 8]>::try_from(start.as_ref()).map(i64::from_be_bytes) else { continue };
-        let batches: Vec<(i64, Vec<u8>)> =
-            kept.lock().expect("the replay buffer").iter().filter(|(s, _)| *s >= start).cloned().collect();
+        let batches: Vec<(i64, Vec<u8>)> = kept.lock().expect("the replay buffer").from(start);
         let reply = |seq: i64, payload: Vec<u8>| {
             message(vec![id.to_vec(), vec![], topic.as_bytes().to_vec(), seq.to_be_bytes().to_vec(), payload])
         };
