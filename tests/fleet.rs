@@ -362,6 +362,13 @@ fn render_model_info_and_event_sources_answer_as_routers_read_them() {
     let endpoint = sources["0"]["endpoint"].as_str().unwrap();
     assert!(endpoint.starts_with("tcp://*:") && !endpoint.ends_with(":0"), "{endpoint}");
     assert_eq!(sources["0"]["schema_version"], 1);
+    // The one route table gives each route its method: a wrong one gets a 405 naming it.
+    let (code, v) = s.post("/server_info", &json!({}));
+    assert_eq!(code, 405);
+    assert!(v["error"]["message"].as_str().unwrap().ends_with("send it as GET"), "{v}");
+    let (code, v) = s.post("/v1/nothing", &json!({}));
+    assert_eq!(code, 404);
+    assert!(v["error"]["message"].as_str().unwrap().contains("POST /v1/completions/render"), "{v}");
 
     let plain = Server::start(&[]);
     let (code, _) = plain.get("/kv_event_sources");

@@ -6,7 +6,7 @@ use super::api::{self, ApiError, ApiResult};
 use super::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgpt::engine::EngineHandle;
@@ -74,6 +74,32 @@ impl App {
 
 pub type Shared = Arc<App>;
 
+/// Every route and the one method it takes: the server's router is built from this table, the
+/// metrics count each route from the start, and a wrong method's 405 names the right one.
+pub const ROUTES: &[(&str, Method)] = &[
+    ("/health", Method::GET),
+    ("/v1/models", Method::GET),
+    ("/v1/completions", Method::POST),
+    ("/v1/chat/completions", Method::POST),
+    ("/tokenize", Method::POST),
+    ("/detokenize", Method::POST),
+    ("/metrics", Method::GET),
+    ("/server_info", Method::GET),
+    ("/get_server_info", Method::GET),
+    ("/model_info", Method::GET),
+    ("/get_model_info", Method::GET),
+    ("/get_load", Method::GET),
+    ("/kv_event_sources", Method::GET),
+    ("/flush_cache", Method::POST),
+    ("/v1/completions/render", Method::POST),
+    ("/v1/chat/completions/render", Method::POST),
+];
+
+/// The method `path` takes (None: no such route).
+pub fn method_of(path: &str) -> Option<&'static Method> {
+    ROUTES.iter().find(|(p, _)| *p == path).map(|(_, m)| m)
+}
+
 pub fn now_secs() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -87,11 +113,10 @@ pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError 
         "invalid_request_error",
         "not_found",
         format!(
-            "no endpoint {} {}; this server has /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, \
-             /detokenize, /metrics, and for routers /server_info (/get_server_info), /model_info (/get_model_info), \
-             /get_load, /kv_event_sources, /flush_cache and /v1/completions/render, /v1/chat/completions/render",
+            "no endpoint {} {}; this server has {}",
             req.method(),
-            req.uri().path()
+            req.uri().path(),
+            ROUTES.iter().map(|(p, m)| format!("{m} {p}")).collect::<Vec<_>>().join(", ")
         ),
     )
 }
@@ -102,7 +127,7 @@ pub async fn method_not_allowed(State(app): State<Shared>, req: HttpRequest) -> 
     let (parts, body) = req.into_parts();
     drain(&app, body).await;
     let path = parts.uri.path();
-    let method = if super::metrics::POSTED.contains(&path) { "POST" } else { "GET" };
+    let method = method_of(path).map_or("GET", Method::as_str);
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",

@@ -15,37 +15,6 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, Prometheu
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The routes, each counted from the start with status 200.
-pub const ENDPOINTS: &[&str] = &[
-    "/health",
-    "/v1/models",
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/tokenize",
-    "/detokenize",
-    "/metrics",
-    "/server_info",
-    "/get_server_info",
-    "/model_info",
-    "/get_model_info",
-    "/get_load",
-    "/kv_event_sources",
-    "/flush_cache",
-    "/v1/completions/render",
-    "/v1/chat/completions/render",
-];
-
-/// The routes that take POST (the others take GET).
-pub const POSTED: &[&str] = &[
-    "/v1/completions",
-    "/v1/chat/completions",
-    "/tokenize",
-    "/detokenize",
-    "/flush_cache",
-    "/v1/completions/render",
-    "/v1/chat/completions/render",
-];
-
 const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 #[derive(Clone)]
@@ -57,7 +26,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> anyhow::Result<Metrics> {
+    /// Metrics with every one of `endpoints` counted from the start with status 200.
+    pub fn new(endpoints: impl IntoIterator<Item = &'static str>) -> anyhow::Result<Metrics> {
         let recorder = PrometheusBuilder::new().set_buckets(BUCKETS)?.build_recorder();
         let handle = recorder.handle();
         let m = Metrics { recorder: Arc::new(recorder), handle, last: Arc::default() };
@@ -134,8 +104,8 @@ impl Metrics {
             ] {
                 counter!(name).absolute(0);
             }
-            for endpoint in ENDPOINTS {
-                counter!("kvgpt_requests_total", "endpoint" => *endpoint, "status" => "200").absolute(0);
+            for endpoint in endpoints {
+                counter!("kvgpt_requests_total", "endpoint" => endpoint, "status" => "200").absolute(0);
             }
             for name in [
                 "kvgpt_requests_running",
@@ -226,7 +196,7 @@ impl Metrics {
     }
 }
 
-/// What the server's gauges and the KV-cache usage fraction are computed from.
+/// The sizes the server's fixed gauges report.
 pub struct Limits {
     pub weights: usize,
     pub draft_weights: usize,

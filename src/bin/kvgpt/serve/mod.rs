@@ -33,7 +33,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use clap::Args;
 use endpoint::Endpoint;
@@ -140,7 +139,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     if a.kv_events.kv_events.is_some() && a.cache_mb == 0 {
         anyhow::bail!("--kv-events publishes what the prompt cache holds, but --cache-mb 0 turns it off");
     }
-    let metrics = metrics::Metrics::new()?;
+    let metrics = metrics::Metrics::new(http::ROUTES.iter().map(|(path, _)| *path))?;
     let (kv_source, kv_sink) = kv_events::start(&a.kv_events, metrics.clone()).await?.unzip();
     let app = Arc::new(App {
         ready: OnceLock::new(),
@@ -155,23 +154,24 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         draining: AtomicBool::new(false),
         working: AtomicUsize::new(0),
     });
-    let router = Router::new()
-        .route("/health", get(http::health))
-        .route("/v1/models", get(http::models))
-        .route("/v1/completions", post(completions))
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/tokenize", post(http::tokenize))
-        .route("/detokenize", post(http::detokenize))
-        .route("/metrics", get(http::metrics_text))
-        .route("/server_info", get(worker::server_info))
-        .route("/get_server_info", get(worker::server_info))
-        .route("/model_info", get(worker::model_info))
-        .route("/get_model_info", get(worker::model_info))
-        .route("/get_load", get(worker::load))
-        .route("/kv_event_sources", get(worker::kv_event_sources))
-        .route("/flush_cache", post(worker::flush_cache))
-        .route("/v1/completions/render", post(worker::render_completion))
-        .route("/v1/chat/completions/render", post(worker::render_chat))
+    let mut router = Router::new();
+    router = route(router, "/health", http::health);
+    router = route(router, "/v1/models", http::models);
+    router = route(router, "/v1/completions", completions);
+    router = route(router, "/v1/chat/completions", chat_completions);
+    router = route(router, "/tokenize", http::tokenize);
+    router = route(router, "/detokenize", http::detokenize);
+    router = route(router, "/metrics", http::metrics_text);
+    router = route(router, "/server_info", worker::server_info);
+    router = route(router, "/get_server_info", worker::server_info);
+    router = route(router, "/model_info", worker::model_info);
+    router = route(router, "/get_model_info", worker::model_info);
+    router = route(router, "/get_load", worker::load);
+    router = route(router, "/kv_event_sources", worker::kv_event_sources);
+    router = route(router, "/flush_cache", worker::flush_cache);
+    router = route(router, "/v1/completions/render", worker::render_completion);
+    router = route(router, "/v1/chat/completions/render", worker::render_chat);
+    let router = router
         .fallback(http::not_found)
         .method_not_allowed_fallback(http::method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), access::front))
@@ -213,16 +213,17 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let cache_bytes = engine_cfg.cache_bytes;
     let threads = pool.current_num_threads();
     let block_size = a.kv_events.kv_block_size as usize;
+    let slot_positions = a.parallel as usize * cfg.n_positions; // every slot at full context
     app.metrics.limits(&metrics::Limits {
         weights,
         draft_weights,
         kv: kv_limit,
-        kv_positions: a.parallel as usize * cfg.n_positions,
+        kv_positions: slot_positions,
         cache: cache_bytes,
         block_size,
     });
     let sink = kv_sink.map(|s| Box::new(move |changes| s.send(changes)) as metrics::CacheSink);
-    let model_kv = a.parallel as usize * cfg.n_positions * kvgpt::KvCache::bytes_per_position(cfg);
+    let model_kv = slot_positions * kvgpt::KvCache::bytes_per_position(cfg);
     let monitor = Box::new(app.metrics.monitor(model_kv, sink));
     let (engine, engine_thread) =
         engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("could not start the engine thread")?;
@@ -263,7 +264,7 @@ async fn serve(a: &ServeArgs) -> Result<()> {
         "kv_block_size": block_size,
         "context_length": cfg.n_positions,
         "max_running_requests": a.parallel,
-        "max_total_tokens": a.parallel as usize * cfg.n_positions,
+        "max_total_tokens": slot_positions,
         "max_queued_requests": a.max_queue,
         "prompt_cache_bytes": cache_bytes,
         "dtype": model.weights_dtype().to_string(),
@@ -297,6 +298,19 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let _ = engine_thread.join();
     tracing::info!("drained, exiting");
     Ok(())
+}
+
+/// Adds `path` with `handler`, for the method `http::ROUTES` gives it (the one table of routes).
+fn route<H, T>(router: Router<Shared>, path: &'static str, handler: H) -> Router<Shared>
+where
+    H: axum::handler::Handler<T, Shared>,
+    T: 'static,
+{
+    let method = http::method_of(path).unwrap_or_else(|| panic!("{path} is not in http::ROUTES"));
+    // get() answers HEAD too, as HTTP asks of a GET.
+    let handler =
+        if method == axum::http::Method::POST { axum::routing::post(handler) } else { axum::routing::get(handler) };
+    router.route(path, handler)
 }
 
 /// The API key, from the flag, `KVGPT_API_KEY` or the first line of --api-key-file.
