@@ -5,9 +5,9 @@
 //! over the final sequence although each decode step only computed its own row.
 //!
 //! [`rounds`]: speculative decoding step by step (drafted, accepted, the model's token, the cache
-//! before and after the rollback).
+//! before and after the rollback). [`cache_steps`]: the cache view's numbers per forward call.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch};
 use crate::sampler::argmax;
@@ -16,13 +16,17 @@ use crate::sequence::Sequence;
 use crate::tap::{Point, Recorder};
 
 mod rounds;
+mod steps;
 pub use rounds::{rounds, Round};
+pub use steps::{cache_steps, wants as cache_step_points, CacheStep};
 
 /// What a traced run recorded.
 pub struct Trace {
     /// Every id fed to the model: the prompt, then the greedily generated tokens.
     pub ids: Vec<u32>,
     pub prompt_len: usize,
+    /// Prompt tokens the prefill call fed (the rest were fed one at a time).
+    pub prefill_len: usize,
     /// One map of recorded points per forward call (call 0 is the prefill).
     pub recorder: Recorder,
     /// Logits `[S, V]` for every fed position when asked for, else `[1, V]` of the last.
@@ -41,6 +45,9 @@ pub struct TraceSpec {
     pub want: fn(Point) -> bool,
     /// Keep logits for every position (else only the last).
     pub all_logits: bool,
+    /// Feed only the first N prompt tokens in the prefill call and the rest one call each, as
+    /// decode steps of the prompt's own tokens (the cache view's lesson); `None`: all at once.
+    pub prefill: Option<usize>,
 }
 
 /// Runs the prompt, then `spec.generate` decode steps with the cache on, recording as asked.
@@ -49,16 +56,29 @@ pub fn trace(model: &Model, prompt_ids: &[u32], spec: &TraceSpec) -> Result<Trac
     let v = cfg.vocab_size;
     // Every decoded token is fed (its K/V recorded); the token after the last is only predicted.
     crate::sequence::check_fed(model, prompt_ids.len(), spec.generate)?;
-    let mut seq = Sequence::new(model, prompt_ids, spec.generate + 1, Sampling::GREEDY)?;
-    let mut scratch = Scratch::new(cfg, prompt_ids.len());
-    let mut recorder = Recorder::only(spec.want);
     let t = prompt_ids.len();
-    let rows = if spec.all_logits { t } else { 1 };
+    let first = match spec.prefill {
+        Some(n) if n == 0 || n > t => {
+            return Err(Error::Invalid(format!(
+                "the prefill must feed 1 to {t} tokens of the {t}-token prompt (asked for {n})"
+            )))
+        }
+        Some(n) => n,
+        None => t,
+    };
+    let forced = &prompt_ids[first..];
+    let mut seq = Sequence::new(model, &prompt_ids[..first], forced.len() + spec.generate + 1, Sampling::GREEDY)?;
+    let mut scratch = Scratch::new(cfg, first);
+    let mut recorder = Recorder::only(spec.want);
+    let rows = if spec.all_logits { first } else { 1 };
     let mut logits = vec![0.0f32; rows * v];
     seq.feed_observed(model, &mut scratch, &mut recorder, &mut logits)?;
     let mut step_logits = vec![0.0f32; v];
-    for _ in 0..spec.generate {
-        seq.sample(); // greedy
+    for i in 0..forced.len() + spec.generate {
+        match forced.get(i) {
+            Some(&id) => seq.push(id)?, // the prompt's own next token
+            None => _ = seq.sample(),   // greedy
+        }
         seq.feed_observed(model, &mut scratch, &mut recorder, &mut step_logits)?;
         if spec.all_logits {
             logits.extend_from_slice(&step_logits);
@@ -69,7 +89,7 @@ pub fn trace(model: &Model, prompt_ids: &[u32], spec: &TraceSpec) -> Result<Trac
     let next = argmax(seq.logits());
     let ids = seq.ids().to_vec();
     let cache = seq.into_cache();
-    Ok(Trace { ids, prompt_len: t, recorder, logits, cache, next })
+    Ok(Trace { ids, prompt_len: t, prefill_len: first, recorder, logits, cache, next })
 }
 
 impl Trace {

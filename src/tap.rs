@@ -13,6 +13,9 @@ pub enum Point {
     Ln1(usize),
     /// Output of the fused `attn.c_attn`, `[T, 3C]` (q | k | v).
     CAttn(usize),
+    /// Attention scores before the softmax, `q·k / √HS`, `[NH, T, P+T]` (−∞ above the causal
+    /// diagonal: the mask).
+    AttnScores(usize),
     /// Softmax attention weights, `[NH, T, P+T]` (0 above the causal diagonal).
     AttnProbs(usize),
     /// Output of `attn.c_proj` before the residual, `[T, C]`.
@@ -38,6 +41,7 @@ impl Point {
             Point::Embed => "embed",
             Point::Ln1(_) => "ln_1",
             Point::CAttn(_) => "c_attn",
+            Point::AttnScores(_) => "attn_scores",
             Point::AttnProbs(_) => "attn_probs",
             Point::AttnProj(_) => "attn_proj",
             Point::Ln2(_) => "ln_2",
@@ -53,6 +57,7 @@ impl Point {
         match self {
             Point::Ln1(l)
             | Point::CAttn(l)
+            | Point::AttnScores(l)
             | Point::AttnProbs(l)
             | Point::AttnProj(l)
             | Point::Ln2(l)

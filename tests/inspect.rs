@@ -53,7 +53,8 @@ fn stitched_cache_on_attention_equals_the_cache_off_matrix() {
     let loaded = load_fixture();
     let reference = Reference::load();
     for p in reference.prompts().iter().take(4) {
-        let spec = TraceSpec { generate: 12, want: |p| matches!(p, Point::AttnProbs(_)), all_logits: false };
+        let spec =
+            TraceSpec { generate: 12, want: |p| matches!(p, Point::AttnProbs(_)), all_logits: false, prefill: None };
         let tr = trace(&loaded.model, &p.ids, &spec).unwrap();
         assert_eq!(tr.ids[p.ids.len()..], p.greedy_ids[..12], "{}: the decode steps follow greedy", p.key);
         let (s, t) = (tr.len(), p.ids.len());
@@ -217,11 +218,13 @@ fn tokens_and_cache_views_report_real_values() {
     assert_eq!(j["tokens"][3], "\\xe4\\xbb");
     assert_eq!(j["offsets"][5], serde_json::json!([11, 14]));
     let j = json_of(&["inspect", "cache", "The cat sat on", "--model", &m, "--json", "--generate", "2"]);
-    assert_eq!(j["after_prefill"]["layers"][1]["k_shape"], serde_json::json!([4, 4, 16]));
-    assert_eq!(j["final"]["layers"][0]["v_shape"], serde_json::json!([4, 6, 16]));
-    assert_eq!(j["steps"][1]["position"], 5);
-    assert_eq!(j["steps"][0]["token_id"], Reference::load().prompts()[0].greedy_ids[0]);
-    assert_eq!(j["steps"][1]["read_from_cache"], serde_json::json!([0, 5]));
+    assert_eq!(j["steps"][0]["written"], serde_json::json!([0, 4]));
+    assert_eq!(j["steps"][2]["kind"], "decode");
+    assert_eq!(j["steps"][2]["cached_before"], 5);
+    assert_eq!(j["steps"][2]["written"], serde_json::json!([5, 6]));
+    assert_eq!(j["ids"][4], Reference::load().prompts()[0].greedy_ids[0]);
+    assert_eq!(j["k"].as_array().unwrap().len(), 6);
+    assert_eq!(j["v"][5].as_array().unwrap().len(), 16);
 }
 
 #[test]

@@ -119,6 +119,26 @@ pub fn attention(
     }
 }
 
+/// The pre-softmax scores of [`attention`] for the same inputs, with the causal mask as −∞:
+/// `out` (`[NH, T, P+T]`) gets `dot(q_i, k_j) * scale` for `j <= P + i` and `-inf` above. The
+/// same kernel as [`attention`]'s, so `softmax` of a row is the weights it used, bit for bit.
+/// For views; allocates nothing and runs on the calling thread.
+pub fn attention_scores(isa: Isa, out: &mut [f32], q: &[f32], q_stride: usize, k_cache: &[f32], d: AttnDims) {
+    let AttnDims { t, p, nh, hs, t_max, scale } = d;
+    let kv = p + t;
+    assert!(kv <= t_max && out.len() >= nh * t * kv && k_cache.len() >= nh * t_max * hs);
+    assert!(t == 0 || q.len() >= (t - 1) * q_stride + nh * hs);
+    for h in 0..nh {
+        let kh = &k_cache[h * t_max * hs..];
+        for i in 0..t {
+            let row = &mut out[(h * t + i) * kv..(h * t + i + 1) * kv];
+            let (seen, masked) = row.split_at_mut(p + i + 1);
+            scores(isa, seen, &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs], kh, hs, scale);
+            masked.fill(f32::NEG_INFINITY);
+        }
+    }
+}
+
 #[inline(always)]
 pub(crate) fn scores_body(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
     for (j, s) in scores.iter_mut().enumerate() {

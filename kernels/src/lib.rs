@@ -36,7 +36,7 @@ mod packed;
 mod par;
 mod rows;
 
-pub use attention::{attention, AttnDims};
+pub use attention::{attention, attention_scores, AttnDims};
 pub use gemm::{matmul, matmul_packed};
 pub use int8::QuantizedActs;
 pub use isa::{cpu_features, Isa};

@@ -183,6 +183,7 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
         // Naive reference.
         let mut want = vec![0.0f64; total * c];
         let mut want_probs = vec![0.0f64; nh * total * total];
+        let mut want_scores = vec![f64::NEG_INFINITY; nh * total * total];
         for h in 0..nh {
             for i in 0..total {
                 let qi = &q[i * 3 * c + h * hs..][..hs];
@@ -196,6 +197,7 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for j in 0..=i {
+                    want_scores[(h * total + i) * total + j] = s[j];
                     want_probs[(h * total + i) * total + j] = e[j] / z;
                     for d in 0..hs {
                         want[i * c + h * hs + d] += e[j] / z * v_cache[(h * t_max + j) * hs + d] as f64;
@@ -213,6 +215,22 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
             assert_eq!(bits(&out), bits(&reference), "attention {} T={total}", isa.name());
             close(&out, &want, 1e-5, "attention out");
             close(&probs, &want_probs, 1e-6, "attention probs");
+            // The scores a view shows: −∞ where masked, and softmax of a row is the weights used.
+            let mut sc = vec![f32::NAN; nh * total * total];
+            attention_scores(isa, &mut sc, &q, 3 * c, &k_cache, dims(total, 0));
+            for (i, (g, w)) in sc.iter().zip(&want_scores).enumerate() {
+                let ok = if w.is_finite() {
+                    (*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs())
+                } else {
+                    *g == f32::NEG_INFINITY
+                };
+                assert!(ok, "attention scores {} [{i}]: {g} vs {w}", isa.name());
+            }
+            for (row, prow) in sc.chunks_mut(total).zip(probs.chunks(total)) {
+                let n = row.iter().filter(|x| x.is_finite()).count();
+                softmax_inplace(isa, &mut row[..n]);
+                assert_eq!(bits(&row[..n]), bits(&prow[..n]), "softmax(scores) {} is the weights", isa.name());
+            }
             // A query alone over the cache (decode) gives the same bits as its row in the full
             // call, whether that row was the first or the second of a pair there, or alone.
             for p in [0, 1, total / 2, total.saturating_sub(2), total - 1].into_iter().filter(|&p| p < total) {

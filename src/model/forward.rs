@@ -168,6 +168,11 @@ impl Model {
             }
             let dims = AttnDims { t: ti, p, nh, hs, t_max: s.cache.capacity(), scale: cfg.attn_scale(l) };
             let kv = s.cache.layer(l);
+            if tap.wants(Point::AttnScores(l)) {
+                let mut sc = vec![0.0; nh * ti * (p + ti)]; // views only: allocates
+                k::attention_scores(self.isa, &mut sc, q, 3 * c, &kv.k, dims);
+                tap.record(Point::AttnScores(l), &[nh, ti, p + ti], &sc);
+            }
             let out = &mut att[row * c..(row + ti) * c];
             k::attention(self.isa, out, want_probs.then_some(&mut probs[..]), q, 3 * c, &kv.k, &kv.v, scores, dims);
             if want_probs {

@@ -7,6 +7,8 @@
 mod forward;
 mod gpt2;
 mod rows;
+mod work;
 
 pub use gpt2::{Block, Conv1D, LayerNorm, Model};
 pub use rows::{Rows, Scratch, CHUNK_ROWS};
+pub use work::Work;

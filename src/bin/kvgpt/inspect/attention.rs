@@ -197,7 +197,12 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
     let cfg = &m.config;
     let layers = selected(a.sel.layer, cfg.n_layer, "layer")?;
     let heads = selected(a.sel.head, cfg.n_head, "head")?;
-    let spec = TraceSpec { generate: a.generate, want: |p| matches!(p, Point::AttnProbs(_)), all_logits: false };
+    let spec = TraceSpec {
+        generate: a.generate,
+        want: |p| matches!(p, Point::AttnProbs(_)),
+        all_logits: false,
+        prefill: None,
+    };
     let tr = trace(m, &s.ids, &spec)?;
     let n = tr.len();
     let query = a.query.map(|p| query_position(p, n)).transpose()?;

@@ -1,102 +1,140 @@
-//! `inspect cache`: the KV cache per layer, and what each decode step reads and computes.
+//! `inspect cache`: the KV cache step by step — the prefill, then each decode step — with what
+//! each step wrote and read, its work against the same step without the cache, the scores
+//! before the softmax and the K/V values of a chosen head; as text, JSON, SVG and an HTML viewer.
 
-use super::session::{do_export, Common, Session};
+use super::attention::selected;
+use super::session::{do_export, write_text, Common, Session};
 use crate::common::print_json;
-use anyhow::Result;
+use crate::render;
+use crate::render::cache::{CacheView, Compare, Ratio, StepView};
+use crate::render::cache_term::print_steps;
+use anyhow::{bail, Result};
+use clap::Args;
 use kvgpt::export::Named;
-use kvgpt::inspect::{trace, TraceSpec};
-use kvgpt::KvCache;
-use kvgpt::KvPart;
-use serde::Serialize;
+use kvgpt::inspect::{cache_step_points, cache_steps, trace, TraceSpec};
+use kvgpt::model::Work;
+use kvgpt::{KvCache, KvPart};
+use std::path::PathBuf;
 
-pub(super) fn cache(c: &Common, generate: usize) -> Result<()> {
+/// What `inspect cache` shows and where.
+#[derive(Args, Clone)]
+pub struct CacheArgs {
+    /// Greedy decode steps to run after the prompt.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub generate: usize,
+    /// Prefill only the first N prompt tokens, then feed the rest one at a time as decode steps
+    /// (how a chat's next turn or a streamed prompt reaches the cache).
+    #[arg(long, value_name = "N")]
+    pub prefill: Option<usize>,
+    /// The layer whose cache the terminal draws and whose K/V values are shown (default 0).
+    #[arg(long)]
+    pub layer: Option<usize>,
+    /// The head whose scores and K/V values are shown (default 0).
+    #[arg(long)]
+    pub head: Option<usize>,
+    /// Show only this step in the terminal (0 is the prefill).
+    #[arg(long, value_name = "S")]
+    pub step: Option<usize>,
+    /// How many leading numbers of each K and V row the terminal shows.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub dims: usize,
+    /// Draw the cache growing step by step (the chosen layer and head, with and without the
+    /// cache side by side) into an SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// A self-contained HTML viewer (no network): step buttons and slider, layer and head
+    /// pickers, the cache grid with this step's rows highlighted, the query's weights, the work
+    /// with and without the cache, the scores and the K/V values.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
+}
+
+fn compare(cached: Work, uncached: Work) -> Compare {
+    let r = |a: u64, b: u64| if a == 0 { 0.0 } else { b as f64 / a as f64 };
+    Compare {
+        ratio: Ratio {
+            macs: r(cached.macs, uncached.macs),
+            weight_bytes: r(cached.weight_bytes, uncached.weight_bytes),
+            kv_read_bytes: r(cached.kv_read_bytes, uncached.kv_read_bytes),
+        },
+        with_cache: cached,
+        without_cache: uncached,
+    }
+}
+
+/// One head's `[NH, len, HS]` gathered part as rows.
+fn head_rows(cache: &KvCache, l: usize, h: usize, part: KvPart) -> Vec<Vec<f32>> {
+    let [_, len, hs] = cache.shape();
+    cache.gather(l, part)[h * len * hs..(h + 1) * len * hs].chunks(hs).map(<[f32]>::to_vec).collect()
+}
+
+pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
     let s = Session::open(c)?;
     let m = &s.loaded.model;
     let cfg = &m.config;
-    let (nh, hs, np) = (cfg.n_head, cfg.head_dim(), cfg.n_positions);
-    let spec = TraceSpec { generate, want: |_| false, all_logits: false };
+    let (nh, hs) = (cfg.n_head, cfg.head_dim());
+    let layer = selected(a.layer, cfg.n_layer, "layer")?[0];
+    let head = selected(a.head, nh, "head")?[0];
+    let spec = TraceSpec { generate: a.generate, want: cache_step_points, all_logits: false, prefill: a.prefill };
     let tr = trace(m, &s.ids, &spec)?;
-    let t = tr.prompt_len;
-    // The cache as it was after the prompt (the trace's cache, cut back to the prompt) and at
-    // the end; it reports its own shape and bytes.
-    let mut at_prompt = tr.cache.clone();
-    at_prompt.truncate(t);
-    let fill = |cache: &KvCache| Fill {
-        len: cache.len(),
-        fill: cache.len() as f64 / np as f64,
-        layers: (0..cache.n_layer())
-            .map(|l| LayerFill {
-                layer: l,
-                k_shape: cache.shape(),
-                v_shape: cache.shape(),
-                dtype: "f32",
-                bytes_used: cache.layer_bytes_used(),
-                bytes_allocated: cache.layer_bytes_allocated(),
-            })
-            .collect(),
-    };
+    let steps = cache_steps(m, &tr)?;
+    if let Some(st) = a.step.filter(|&st| st >= steps.len()) {
+        match steps.len() {
+            1 => bail!(
+                "--step {st} is out of range: this run has only the prefill, step 0 (--generate N adds N decode steps)"
+            ),
+            n => bail!("--step {st} is out of range: this run has steps 0 (the prefill) to {}", n - 1),
+        }
+    }
     let view = CacheView {
-        n_positions: np,
+        model: s.loaded.files.name.clone(),
+        dtype: m.weights_dtype(),
         n_layer: cfg.n_layer,
         n_head: nh,
         head_dim: hs,
-        dtype: "f32",
-        prompt_tokens: t,
-        after_prefill: fill(&at_prompt),
-        steps: (0..generate)
-            .map(|i| {
-                let pos = t + i;
-                let id = tr.ids[pos];
-                Step {
-                    step: i + 1,
-                    token_id: id,
-                    token: s.label(id),
-                    position: pos,
-                    read_from_cache: [0, pos],
-                    computed: [pos, pos + 1],
-                    cache_len_after: pos + 1,
+        n_positions: cfg.n_positions,
+        tokens: s.labels(&tr.ids),
+        ids: tr.ids.clone(),
+        prompt_tokens: tr.prompt_len,
+        prefill_tokens: tr.prefill_len,
+        capacity: tr.cache.capacity(),
+        bytes_per_position: KvCache::bytes_per_position(cfg),
+        bytes_allocated: tr.cache.bytes(),
+        layer,
+        head,
+        steps: steps
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let n = st.p + st.t;
+                let sc = &st.scores[layer][head * st.t * n..(head + 1) * st.t * n];
+                StepView {
+                    step: i,
+                    kind: if i == 0 { "prefill" } else { "decode" },
+                    cached_before: st.p,
+                    written: [st.p, n],
+                    work: compare(st.cached, st.uncached),
+                    recomputed_same_bits: st.same_bits,
+                    weights: st.weights.iter().map(|w| w.chunks(n).map(<[f32]>::to_vec).collect()).collect(),
+                    scores: sc.chunks(n).map(|row| row.iter().map(|&x| x.is_finite().then_some(x)).collect()).collect(),
                 }
             })
             .collect(),
-        final_: fill(&tr.cache),
-        total_bytes_allocated: tr.cache.bytes(),
+        k: head_rows(&tr.cache, layer, head, KvPart::K),
+        v: head_rows(&tr.cache, layer, head, KvPart::V),
     };
+    if let Some(p) = &a.svg {
+        write_text(p, &render::cache_svg::svg(&view))?;
+        errln!("[kvgpt] wrote {} ({} steps)", p.display(), view.steps.len());
+    }
+    if let Some(p) = &a.html {
+        write_text(p, &render::cache_html::html(&view)?)?;
+        errln!("[kvgpt] wrote {} (a viewer of {} steps)", p.display(), view.steps.len());
+    }
     if c.io.json {
         print_json(&serde_json::to_value(&view)?)?;
-    } else {
-        let mib = |b: usize| b as f64 / (1 << 20) as f64;
-        outln!(
-            "KV cache: {} layers × (K, V), each [n_head={nh}, positions, head_dim={hs}] f32, preallocated to {np} positions ({:.2} MiB)",
-            view.n_layer,
-            mib(view.total_bytes_allocated)
-        );
-        outln!("after the prompt ({t} tokens, computed together in one prefill call):");
-        for l in &view.after_prefill.layers {
-            let [a, b, c] = l.k_shape;
-            outln!(
-                "  layer {}: K [{a}, {b}, {c}]  V [{a}, {b}, {c}]  {:.3} MiB used of {:.3} MiB, fill {}/{np}",
-                l.layer,
-                mib(l.bytes_used),
-                mib(l.bytes_allocated),
-                view.after_prefill.len
-            );
-        }
-        for st in &view.steps {
-            let pos = st.position;
-            outln!(
-                "decode step {}: token {} {:?} at position {pos}: K,V of the {pos} cached positions 0-{} read, \
-                 q,k,v of position {pos} computed and its K,V written at {pos}; cache length now {}",
-                st.step,
-                st.token_id,
-                st.token,
-                pos.saturating_sub(1),
-                st.cache_len_after
-            );
-        }
-        if generate > 0 {
-            let len = view.final_.len;
-            outln!("final: every layer K [{nh}, {len}, {hs}] V [{nh}, {len}, {hs}], fill {len}/{np}");
-        }
+    } else if a.svg.is_none() && a.html.is_none() {
+        print_steps(&view, a.step, a.dims)?;
     }
     let len = tr.cache.len();
     let mut k = Vec::with_capacity(cfg.n_layer * nh * len * hs);
@@ -110,49 +148,4 @@ pub(super) fn cache(c: &Common, generate: usize) -> Result<()> {
         c,
         &[Named { name: "k".into(), shape: shape.clone(), data: &k }, Named { name: "v".into(), shape, data: &v }],
     )
-}
-
-/// What `inspect cache` shows, as text or JSON.
-#[derive(Serialize)]
-pub(super) struct CacheView {
-    n_positions: usize,
-    n_layer: usize,
-    n_head: usize,
-    head_dim: usize,
-    dtype: &'static str,
-    prompt_tokens: usize,
-    after_prefill: Fill,
-    steps: Vec<Step>,
-    #[serde(rename = "final")]
-    final_: Fill,
-    total_bytes_allocated: usize,
-}
-
-#[derive(Serialize)]
-pub(super) struct Fill {
-    len: usize,
-    fill: f64,
-    layers: Vec<LayerFill>,
-}
-
-#[derive(Serialize)]
-pub(super) struct LayerFill {
-    layer: usize,
-    k_shape: [usize; 3],
-    v_shape: [usize; 3],
-    dtype: &'static str,
-    bytes_used: usize,
-    bytes_allocated: usize,
-}
-
-/// One decode step: what it read from the cache and what it computed.
-#[derive(Serialize)]
-pub(super) struct Step {
-    step: usize,
-    token_id: u32,
-    token: String,
-    position: usize,
-    read_from_cache: [usize; 2],
-    computed: [usize; 2],
-    cache_len_after: usize,
 }

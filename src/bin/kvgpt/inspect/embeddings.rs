@@ -17,7 +17,7 @@ pub(super) fn embeddings(c: &Common, dims: usize) -> Result<()> {
     let m = &s.loaded.model;
     let cfg = &m.config;
     let ch = cfg.n_embd;
-    let spec = TraceSpec { generate: 0, want: |p| p == Point::Embed, all_logits: false };
+    let spec = TraceSpec { generate: 0, want: |p| p == Point::Embed, all_logits: false, prefill: None };
     let tr = trace(m, &s.ids, &spec)?;
     let (_, sum) = tr.rows(Point::Embed).context("the forward pass reported no embeddings")?;
     let t = s.ids.len();

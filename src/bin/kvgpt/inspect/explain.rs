@@ -30,7 +30,7 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
     let cfg = &m.config;
     let (t, c, nh, hs, f, v, nl) =
         (s.ids.len(), cfg.n_embd, cfg.n_head, cfg.head_dim(), cfg.n_inner, cfg.vocab_size, cfg.n_layer);
-    let spec = TraceSpec { generate: 1, want: |_| true, all_logits: false };
+    let spec = TraceSpec { generate: 1, want: |_| true, all_logits: false, prefill: None };
     let tr: Trace = trace(m, &s.ids, &spec)?;
     let pre = tr.recorder.calls.first().context("no prefill recorded")?;
     let get = |p: Point| pre.get(&p).map(|r| r.data.as_slice()).unwrap_or(&[]);

@@ -88,6 +88,7 @@ pub(super) fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, l
         generate: 0,
         want: if lens { |p| matches!(p, Point::Embed | Point::Block(_)) } else { |_| false },
         all_logits: true,
+        prefill: None,
     };
     let tr = trace(m, &s.ids, &spec)?;
     let positions: Vec<usize> = if all { (0..t).collect() } else { vec![position.unwrap_or(t - 1)] };

@@ -17,7 +17,7 @@ mod session;
 mod tokens;
 
 use attention::{attention, AttentionArgs};
-use cache::cache;
+use cache::{cache, CacheArgs};
 use draft::{draft, DraftViewArgs};
 use embeddings::embeddings;
 pub use explain::{explain, ExplainArgs};
@@ -62,13 +62,14 @@ pub enum InspectCmd {
         #[arg(long)]
         lens: bool,
     },
-    /// KV-cache shapes, bytes and fill after the prompt, and what each decode step reads and computes.
+    /// The KV cache step by step (the prefill, then each decode step): what each step writes and
+    /// reads, its work against the same step without the cache, the scores before the softmax
+    /// and the K/V values of a head (terminal, JSON, --svg or --html).
     Cache {
         #[command(flatten)]
         c: Common,
-        /// Greedy decode steps to run after the prompt.
-        #[arg(long, default_value_t = 0, value_name = "N")]
-        generate: usize,
+        #[command(flatten)]
+        a: CacheArgs,
     },
     /// Speculative decoding round by round: the drafted tokens, which the model accepted, its own
     /// token, and its cache before the step and after the rollback (terminal, JSON or --html).
@@ -111,6 +112,9 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     if let InspectCmd::Attention { a, .. } = &cmd {
         outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
     }
+    if let InspectCmd::Cache { a, .. } = &cmd {
+        outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
+    }
     if let InspectCmd::Draft { a, .. } = &cmd {
         outputs.extend(a.html.as_deref());
     }
@@ -128,7 +132,7 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
         InspectCmd::Logits { c, top_k, position, all_positions, lens } => {
             logits(c, *top_k as usize, *position, *all_positions, *lens)
         }
-        InspectCmd::Cache { c, generate } => cache(c, *generate),
+        InspectCmd::Cache { c, a } => cache(c, a),
         InspectCmd::Draft { c, a } => draft(c, a),
     }?;
     Ok(Outcome::Done)

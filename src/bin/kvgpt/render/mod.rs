@@ -2,6 +2,10 @@
 //! ([`svg`]) or one self-contained HTML viewer ([`html`]), all with the same colour scale
 //! ([`shade`]): white for no weight, dark blue for all of it.
 
+pub mod cache;
+pub mod cache_html;
+pub mod cache_svg;
+pub mod cache_term;
 mod grid;
 pub mod html;
 pub mod svg;

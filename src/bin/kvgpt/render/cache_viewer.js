@@ -1,0 +1,185 @@
+// kvgpt's cache viewer: everything it shows comes from the JSON in #kvgpt-data, written by
+// `kvgpt inspect cache --html` (the same numbers as its --json). One step at a time: the cache
+// with and without itself, the work of both, the scores and the K/V values. The state (step,
+// layer, head) is kept in the address's #fragment, so a view can be linked to.
+"use strict";
+(function () {
+  const P = JSON.parse(document.getElementById("kvgpt-data").textContent);
+  const V = P.view, SVGNS = "http://www.w3.org/2000/svg";
+  const last = V.steps.length - 1;
+  const state = { step: last, layer: V.layer, head: V.head };
+  const ROW_H = 16, TOP = 22, TOK_W = 130, CELL_W = 22, W_W = 60;
+
+  function rgbOf(w) { // the scale of kvgpt's other pictures: white 0 → dark blue 1
+    const p = P.palette, x = (w >= 0 ? Math.min(w, 1) : 0) * (p.length - 1);
+    const i = Math.min(Math.floor(x), p.length - 2), f = x - i;
+    return [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
+  }
+  const shade = (w) => "rgb(" + rgbOf(w).join(",") + ")";
+  // Values and scores: red below 0, blue above, white at 0, full at the largest magnitude.
+  function diverging(x, max) {
+    const a = Math.min(Math.abs(x) / (max || 1), 1), c = Math.round(255 * (1 - a));
+    return x >= 0 ? "rgb(" + c + "," + c + ",255)" : "rgb(255," + c + "," + c + ")";
+  }
+  function el(name, attrs, parent, text) {
+    const e = document.createElementNS(SVGNS, name);
+    for (const k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  const label = (t) => t.replace(/ /g, "·");
+  const tok = (i) => i + " " + label(V.tokens[i]);
+  const say = (t) => { document.getElementById("readout").textContent = t; };
+  const fmt = (n) => n >= 1e9 ? (n / 1e9).toFixed(2) + " G" : n >= 1e6 ? (n / 1e6).toFixed(2) + " M" :
+    n >= 1e3 ? (n / 1e3).toFixed(1) + " k" : String(n);
+  const bytes = (n) => n >= 1048576 ? (n / 1048576).toFixed(2) + " MiB" : n >= 1024 ? (n / 1024).toFixed(1) + " KiB" : n + " B";
+
+  function summary(st) {
+    const [a, b] = st.written;
+    if (st.kind === "prefill") return "Step 0 — prefill: positions 0–" + (b - 1) + " computed together, their K,V written.";
+    return "Step " + st.step + " — decode: “" + label(V.tokens[a]) + "” at position " + a + " reads K,V of positions 0–" +
+      (a - 1) + " from the cache and writes position " + a + ". Without the cache: positions 0–" + a +
+      " run again (" + (st.recomputed_same_bits ? "same bits" : "NOT the same bits") + ").";
+  }
+
+  function drawWork(st) {
+    const t = document.getElementById("work"), w = st.work;
+    t.replaceChildren();
+    const rows = [["", "with cache", "without cache", "ratio"],
+      ["positions run", w.with_cache.positions, w.without_cache.positions, ""],
+      ["multiply-adds", fmt(w.with_cache.macs), fmt(w.without_cache.macs), w.ratio.macs.toFixed(1) + "×"],
+      ["weight bytes", bytes(w.with_cache.weight_bytes), bytes(w.without_cache.weight_bytes), w.ratio.weight_bytes.toFixed(1) + "×"],
+      ["K/V bytes read", bytes(w.with_cache.kv_read_bytes), bytes(w.without_cache.kv_read_bytes), w.ratio.kv_read_bytes.toFixed(1) + "×"]];
+    rows.forEach((r, i) => {
+      const tr = document.createElement("tr");
+      r.forEach((c) => { const e = document.createElement(i ? "td" : "th"); e.textContent = c; tr.appendChild(e); });
+      t.appendChild(tr);
+    });
+    const svg = document.getElementById("ratios");
+    svg.replaceChildren();
+    const max = Math.max(...V.steps.map((s) => s.work.ratio.macs)), bw = Math.max(3, Math.min(14, 420 / V.steps.length));
+    svg.setAttribute("width", V.steps.length * bw + 40);
+    svg.setAttribute("height", 90);
+    V.steps.forEach((s, i) => {
+      const h = 70 * s.work.ratio.macs / max;
+      const r = el("rect", { class: "bar" + (i === state.step ? " current" : ""), x: 30 + i * bw, y: 80 - h,
+        width: bw - 1, height: h, fill: "#4292c6", "data-step": i, "data-ratio": s.work.ratio.macs }, svg);
+      r.addEventListener("mouseenter", () => say("step " + i + ": " + s.work.ratio.macs.toFixed(2) + "× the multiply-adds without the cache"));
+      r.addEventListener("click", () => go(i));
+    });
+    el("text", { x: 0, y: 12 }, svg, max.toFixed(1) + "×");
+    el("text", { x: 0, y: 80 }, svg, "0");
+  }
+
+  // One side: rows are positions 0..n-1, cells K and V (highlighted when this step computed the
+  // row), then the query's weight on that key.
+  function drawSide(id, st, cached) {
+    const svg = document.getElementById(id), [a, b] = st.written;
+    svg.replaceChildren();
+    svg.setAttribute("width", TOK_W + 2 * CELL_W + W_W + 10);
+    svg.setAttribute("height", TOP + b * ROW_H + 6);
+    el("text", { x: TOK_W, y: 14 }, svg, "K");
+    el("text", { x: TOK_W + CELL_W, y: 14 }, svg, "V");
+    el("text", { x: TOK_W + 2 * CELL_W + 4, y: 14 }, svg, cached ? "weight" : "");
+    const weights = st.weights[state.layer][state.head];
+    for (let pos = 0; pos < b; pos++) {
+      const y = TOP + pos * ROW_H, computed = !cached || pos >= a;
+      el("text", { class: "pos-label", x: 2, y: y + 12 }, svg, tok(pos).slice(0, 17));
+      ["K", "V"].forEach((part, j) => {
+        const r = el("rect", { class: "kv " + (computed ? "written" : "read"), x: TOK_W + j * CELL_W, y,
+          width: CELL_W, height: ROW_H, fill: computed ? P.written : P.read, "data-pos": pos, "data-part": part }, svg);
+        r.addEventListener("mouseenter", () => say(part + " of " + tok(pos) + (computed
+          ? (cached ? ": written by this step" : ": computed again") : ": read from the cache (written at step " + writtenAt(pos) + ")")));
+      });
+      if (cached) {
+        const w = weights[pos];
+        const r = el("rect", { class: "w", x: TOK_W + 2 * CELL_W + 4, y, width: W_W, height: ROW_H, fill: shade(w),
+          "data-pos": pos, "data-w": w }, svg);
+        r.addEventListener("mouseenter", () => say("query " + tok(b - 1) + " → key " + tok(pos) + ": weight " + w.toFixed(4)));
+      }
+    }
+  }
+  function writtenAt(pos) { return V.steps.findIndex((s) => pos < s.written[1]); }
+
+  function drawScores(st) {
+    const svg = document.getElementById("scores"), [a, b] = st.written, n = b;
+    document.getElementById("scores-caption").textContent = "Scores before the softmax, layer " + V.layer +
+      " head " + V.head + " (q·k/√" + V.head_dim + "; −∞ is the causal mask)";
+    svg.replaceChildren();
+    const cw = 44, rows = st.scores.length;
+    svg.setAttribute("width", 50 + n * cw);
+    svg.setAttribute("height", TOP + rows * ROW_H + 6);
+    const max = Math.max(...st.scores.flat().filter((x) => x !== null).map(Math.abs));
+    for (let k = 0; k < n; k++) el("text", { x: 50 + k * cw + 4, y: 14 }, svg, String(k));
+    st.scores.forEach((row, qi) => {
+      const y = TOP + qi * ROW_H;
+      el("text", { x: 2, y: y + 12 }, svg, "q" + (a + qi));
+      row.forEach((x, k) => {
+        const r = el("rect", { class: "score" + (x === null ? " masked" : ""), x: 50 + k * cw, y, width: cw, height: ROW_H,
+          fill: x === null ? "#d9d9d9" : diverging(x, max), "data-q": a + qi, "data-k": k, "data-s": x === null ? "-inf" : x }, svg);
+        el("text", { x: 50 + k * cw + 2, y: y + 12, "pointer-events": "none" }, svg, x === null ? "−∞" : x.toFixed(2));
+        r.addEventListener("mouseenter", () => say("score of query " + (a + qi) + " on key " + k + ": " + (x === null ? "−∞ (masked)" : x)));
+      });
+    });
+  }
+
+  function drawValues(st) {
+    const svg = document.getElementById("values"), [a, b] = st.written, hs = V.head_dim, cw = 7;
+    document.getElementById("values-caption").textContent = "K (left) and V (right) of layer " + V.layer +
+      " head " + V.head + ", one row per position; this step's rows outlined";
+    svg.replaceChildren();
+    svg.setAttribute("width", 40 + 2 * hs * cw + 20);
+    svg.setAttribute("height", TOP + b * ROW_H + 6);
+    const max = Math.max(...V.k.slice(0, b).flat().map(Math.abs), ...V.v.slice(0, b).flat().map(Math.abs));
+    for (let pos = 0; pos < b; pos++) {
+      const y = TOP + pos * ROW_H;
+      el("text", { x: 2, y: y + 12 }, svg, String(pos));
+      [["K", V.k], ["V", V.v]].forEach(([part, m], j) => {
+        const x0 = 40 + j * (hs * cw + 20);
+        m[pos].forEach((x, d) => {
+          const r = el("rect", { class: "val", x: x0 + d * cw, y, width: cw, height: ROW_H, fill: diverging(x, max),
+            "data-pos": pos, "data-part": part, "data-d": d, "data-v": x }, svg);
+          r.addEventListener("mouseenter", () => say(part + "[" + pos + "][" + d + "] = " + x));
+        });
+        if (pos >= a) el("rect", { class: "outline", x: x0, y, width: hs * cw, height: ROW_H, fill: "none", stroke: P.written, "stroke-width": 2 }, svg);
+      });
+    }
+  }
+
+  function draw() {
+    const st = V.steps[state.step];
+    document.getElementById("step").value = state.step;
+    document.getElementById("layer").value = state.layer;
+    document.getElementById("head").value = state.head;
+    document.getElementById("summary").textContent = summary(st);
+    drawWork(st);
+    drawSide("cached", st, true);
+    drawSide("uncached", st, false);
+    drawScores(st);
+    drawValues(st);
+    history.replaceState(null, "", "#step=" + state.step + "&layer=" + state.layer + "&head=" + state.head);
+    say("Hover a cell.");
+  }
+  function go(s) { state.step = Math.max(0, Math.min(last, s)); draw(); }
+
+  const fill = (id, n) => { const s = document.getElementById(id); for (let i = 0; i < n; i++) { const o = document.createElement("option"); o.value = i; o.textContent = i; s.appendChild(o); } };
+  fill("layer", V.n_layer);
+  fill("head", V.n_head);
+  const slider = document.getElementById("step");
+  slider.max = last;
+  slider.addEventListener("input", () => go(+slider.value));
+  document.getElementById("prev").addEventListener("click", () => go(state.step - 1));
+  document.getElementById("next").addEventListener("click", () => go(state.step + 1));
+  document.getElementById("layer").addEventListener("change", (e) => { state.layer = +e.target.value; draw(); });
+  document.getElementById("head").addEventListener("change", (e) => { state.head = +e.target.value; draw(); });
+  for (const kv of location.hash.slice(1).split("&")) {
+    const [k, v] = kv.split("=");
+    if (k in state && v !== "" && !isNaN(+v)) state[k] = +v;
+  }
+  state.step = Math.max(0, Math.min(last, state.step));
+  state.layer = Math.max(0, Math.min(V.n_layer - 1, state.layer));
+  state.head = Math.max(0, Math.min(V.n_head - 1, state.head));
+  draw();
+  document.body.dataset.ready = "1";
+})();

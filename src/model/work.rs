@@ -1,0 +1,67 @@
+//! What one forward call costs, counted from the shapes the forward pass runs: the lesson of the
+//! KV cache in numbers. A decode step with the cache runs one token (`P` cached, `T = 1`); the
+//! same step without it runs every position again (`P = 0`, `T = n + 1`).
+//!
+//! Counted: the multiply-adds of every matrix product and of attention (`q·k` and the weighted
+//! sum of `v`); LayerNorm, GELU, softmax and the residual adds (O(T·C) each) are not. Weight bytes
+//! are the parameters each call streams at the dtype they are held in, unpadded: every block's
+//! matrices, biases and LayerNorms, `ln_f`, the embedding rows of the call's tokens, and the
+//! vocabulary matrix when logits are wanted. K/V bytes are f32, as the cache holds them.
+
+use super::gpt2::Model;
+use kvgpt_kernels::{WeightType, Q8_BLOCK, W8_BLOCK};
+
+/// The work of one forward call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Work {
+    /// Positions whose q, k, v (and everything after) the call computes.
+    pub positions: u64,
+    pub macs: u64,
+    pub weight_bytes: u64,
+    /// Bytes of cached keys and values attention reads (each query reads every earlier one).
+    pub kv_read_bytes: u64,
+    /// Bytes of keys and values the call writes into the cache.
+    pub kv_written_bytes: u64,
+}
+
+/// Bytes of a `[k, n]` matrix held as `ty`, without the panels' padding.
+fn matrix_bytes(k: usize, n: usize, ty: WeightType) -> u64 {
+    let scales = |blocks: usize| 4 * blocks as u64;
+    let kn = (k * n) as u64;
+    match ty {
+        WeightType::F32 => 4 * kn,
+        WeightType::F16 | WeightType::Bf16 => 2 * kn,
+        WeightType::Q8 => kn + scales(k * n.div_ceil(Q8_BLOCK)),
+        WeightType::W8A8 => kn + scales(n * k.div_ceil(W8_BLOCK)),
+    }
+}
+
+impl Model {
+    /// The work of a forward call over `t` tokens after `p` cached ones that computes the logits
+    /// of its last `r` rows.
+    pub fn work(&self, p: usize, t: usize, r: usize) -> Work {
+        let cfg = &self.config;
+        let (c, f, v, l) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size, cfg.n_layer as u64);
+        let ty = self.dtype;
+        let (t64, c64) = (t as u64, c as u64);
+        // Per layer: c_attn [C, 3C], c_proj [C, C], c_fc [C, F], mlp c_proj [F, C].
+        let matmul_macs = (c * 3 * c + c * c + c * f + f * c) as u64;
+        let mats =
+            matrix_bytes(c, 3 * c, ty) + matrix_bytes(c, c, ty) + matrix_bytes(c, f, ty) + matrix_bytes(f, c, ty);
+        let vectors = 4 * (4 * c + 3 * c + c + f + c) as u64; // 2 LayerNorms, 4 biases
+                                                              // Query i (position p + i) reads the keys and values of positions 0..=p + i.
+        let keys_read: u64 = (0..t).map(|i| (p + i + 1) as u64).sum();
+        let attn_macs = 2 * c64 * keys_read; // q·k, then Σ a·v, over every head
+        let wants_logits = r > 0;
+        Work {
+            positions: t64,
+            macs: l * (t64 * matmul_macs + attn_macs) + (r * c * v) as u64,
+            weight_bytes: l * (mats + vectors)
+                + 4 * 2 * c64 // ln_f
+                + t64 * (matrix_bytes(c, v, ty) / v as u64 + 4 * c64) // each token's wte and wpe rows
+                + if wants_logits { matrix_bytes(c, v, ty) } else { 0 },
+            kv_read_bytes: l * 2 * c64 * 4 * keys_read,
+            kv_written_bytes: l * 2 * c64 * 4 * t64,
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! `inspect cache`, the cache view: every number it shows against an independent party. The K/V
+//! rows each step writes against Hugging Face's `past_key_values` of the fixture; the scores
+//! before the softmax against q·k/√HS from HF's own c_attn output (layer 0) and against HF's
+//! softmax weights (every layer); the query weights against HF's attention; the work with and
+//! without the cache against a count derived here from config.json alone.
+
+mod common;
+
+use common::views::{kvgpt, stdout};
+use common::*;
+use serde_json::Value;
+
+fn model() -> String {
+    fixture_dir().to_string_lossy().into_owned()
+}
+
+fn json_of(args: &[&str]) -> Value {
+    serde_json::from_str(&stdout(args)).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// The work of a forward call of `t` tokens after `p` cached ones with one logits row, derived
+/// from config.json: (multiply-adds, weight bytes at f32, K/V bytes read).
+fn derived_work(cfg: &Value, p: u64, t: u64) -> (u64, u64, u64) {
+    let n = |k: &str| cfg[k].as_u64().unwrap();
+    let (l, c, v) = (n("n_layer"), n("n_embd"), n("vocab_size"));
+    let f = cfg["n_inner"].as_u64().unwrap_or(4 * c);
+    // Query at position j reads keys 0..=j.
+    let keys: u64 = (p + 1..=p + t).sum();
+    let per_token = 3 * c * c + c * c + c * f + f * c;
+    let macs = l * (t * per_token + 2 * c * keys) + c * v;
+    let block_params = per_token + (3 * c + c + f + c) + 4 * c;
+    let weights = 4 * (l * block_params + 2 * c + t * 2 * c + c * v);
+    (macs, weights, l * 2 * c * 4 * keys)
+}
+
+#[test]
+fn work_counts_match_a_count_derived_from_the_config() {
+    let cfg: Value = serde_json::from_slice(&std::fs::read(fixture_dir().join("config.json")).unwrap()).unwrap();
+    let j = json_of(&["inspect", "cache", "The cat sat on", "--model", &model(), "--generate", "6", "--json"]);
+    let steps = j["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 7);
+    let mut last_ratio = 0.0;
+    for (i, st) in steps.iter().enumerate() {
+        let [a, b] = [0, 1].map(|k| st["written"][k].as_u64().unwrap());
+        assert_eq!((a, b), if i == 0 { (0, 4) } else { (3 + i as u64, 4 + i as u64) });
+        let w = &st["work"];
+        let get = |side: &str, k: &str| w[side][k].as_u64().unwrap();
+        let (macs, weights, kv) = derived_work(&cfg, a, b - a);
+        assert_eq!((get("with_cache", "macs"), get("with_cache", "weight_bytes")), (macs, weights), "step {i}");
+        assert_eq!(get("with_cache", "kv_read_bytes"), kv, "step {i}");
+        let (macs_u, weights_u, kv_u) = derived_work(&cfg, 0, b);
+        assert_eq!(get("without_cache", "macs"), macs_u, "step {i} uncached");
+        assert_eq!(get("without_cache", "weight_bytes"), weights_u, "step {i} uncached");
+        assert_eq!(get("without_cache", "kv_read_bytes"), kv_u, "step {i} uncached");
+        assert_eq!(get("with_cache", "positions"), b - a);
+        assert_eq!(get("without_cache", "positions"), b);
+        let ratio = w["ratio"]["macs"].as_f64().unwrap();
+        assert!((ratio - macs_u as f64 / macs as f64).abs() < 1e-9);
+        assert!(ratio > last_ratio || i == 0, "the ratio grows with the context: step {i} {ratio}");
+        last_ratio = ratio;
+        assert_eq!(st["recomputed_same_bits"], true, "step {i}");
+    }
+    // The bytes of this run's cache, from the config: positions × 2 (K, V) × layers × C × 4.
+    let (l, c) = (cfg["n_layer"].as_u64().unwrap(), cfg["n_embd"].as_u64().unwrap());
+    assert_eq!(j["capacity"], 10);
+    assert_eq!(j["bytes_allocated"].as_u64().unwrap(), 10 * 2 * l * c * 4);
+    let text = stdout(&["inspect", "cache", "The cat sat on", "--model", &model(), "--generate", "6"]);
+    assert!(
+        text.contains(&format!("This run allocated 10 positions: {:.1} KiB", (10 * 2 * l * c * 4) as f64 / 1024.0)),
+        "{text}"
+    );
+    assert!(!text.contains("preallocated"));
+}
+
+#[test]
+fn the_cache_grid_scores_and_weights_match_hugging_face() {
+    let r = Reference::load();
+    let p = &r.prompts()[1];
+    let t = p.ids.len(); // 14: a prefill of 10, then 4 decode steps of the prompt's own tokens
+    let (hs, c) = (16, 64);
+    let qkv0 = r.tensor("p1.qkv.0").unwrap().1; // HF's c_attn output of layer 0, [T, 3C]
+    for (layer, head) in [(0usize, 2usize), (1, 3)] {
+        let (ls, hs_s) = (layer.to_string(), head.to_string());
+        let j = json_of(&[
+            "inspect",
+            "cache",
+            &p.text,
+            "--model",
+            &model(),
+            "--prefill",
+            "10",
+            "--layer",
+            &ls,
+            "--head",
+            &hs_s,
+            "--json",
+        ]);
+        let steps = j["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 5);
+        // The grid's values: every row the steps wrote, against HF's past_key_values.
+        for (part, key) in [("k", "k"), ("v", "v")] {
+            let hf = r.tensor(&format!("p1.{key}.{layer}")).unwrap().1; // [NH, T, HS]
+            for pos in 0..t {
+                let want = &hf[(head * t + pos) * hs..(head * t + pos + 1) * hs];
+                assert_close(&format!("{part}[{pos}] l{layer} h{head}"), &floats(&j[part][pos]), want, 1e-4);
+            }
+        }
+        let attn = r.tensor(&format!("p1.attn.{layer}")).unwrap().1; // [NH, T, T]
+        let hf_w = |h: usize, q: usize, k: usize| attn[(h * t + q) * t + k];
+        for st in steps {
+            let [a, b] = [0, 1].map(|k| st["written"][k].as_u64().unwrap() as usize);
+            // The query's weights on every cached key, each head, against HF's.
+            for h in 0..4 {
+                let got = floats(&st["weights"][layer][h]);
+                let want: Vec<f32> = (0..b).map(|k| hf_w(h, b - 1, k)).collect();
+                assert_close(&format!("weights step {a} head {h}"), &got, &want, 1e-4);
+            }
+            // Scores: −∞ (null) exactly above the diagonal; softmax of a row is HF's weights.
+            for (qi, row) in st["scores"].as_array().unwrap().iter().enumerate() {
+                let q = a + qi;
+                let row = row.as_array().unwrap();
+                assert_eq!(row.len(), b);
+                assert!(row.iter().enumerate().all(|(k, x)| x.is_null() == (k > q)), "mask of query {q}: {row:?}");
+                let s: Vec<f64> = row[..=q].iter().map(|x| x.as_f64().unwrap()).collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for (k, x) in s.iter().enumerate() {
+                    let w = ((x - m).exp() / z) as f32;
+                    assert!((w - hf_w(head, q, k)).abs() < 1e-4, "softmax(scores) l{layer} h{head} {q},{k}");
+                    if layer == 0 {
+                        // HF's own q and k (its c_attn output): q·k / √HS.
+                        let qv = &qkv0[q * 3 * c + head * hs..][..hs];
+                        let kv = &qkv0[k * 3 * c + c + head * hs..][..hs];
+                        let want: f32 = qv.iter().zip(kv).map(|(x, y)| x * y).sum::<f32>() / (hs as f32).sqrt();
+                        assert!((*x as f32 - want).abs() < 1e-4, "score {q},{k}: {x} vs HF {want}");
+                    }
+                }
+            }
+        }
+    }
+    // Every layer's cache after the run (all heads), exported: HF's past_key_values.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("kv.safetensors");
+    let out =
+        kvgpt(&["inspect", "cache", &p.text, "--model", &model(), "--prefill", "3", "--export", f.to_str().unwrap()]);
+    assert!(out.status.success());
+    let (shape, k) = kvgpt::export::read(&f, Some("k")).unwrap();
+    assert_eq!(shape, vec![2, 4, t, 16]);
+    let v = kvgpt::export::read(&f, Some("v")).unwrap().1;
+    let n = 4 * t * 16;
+    for l in 0..2 {
+        assert_close("k", &k[l * n..(l + 1) * n], &r.tensor(&format!("p1.k.{l}")).unwrap().1, 1e-4);
+        assert_close("v", &v[l * n..(l + 1) * n], &r.tensor(&format!("p1.v.{l}")).unwrap().1, 1e-4);
+    }
+}
+
+#[test]
+fn the_terminal_view_marks_steps_and_pictures_stay_off_the_terminal() {
+    let m = model();
+    let text = stdout(&["inspect", "cache", "The cat sat on", "--model", &m, "--prefill", "2", "--generate", "1"]);
+    assert!(text.contains("step 0 — prefill: 2 prompt tokens at positions 0–1"), "{text}");
+    assert!(text.contains("step 1 — decode: “·sat” at position 2 reads K,V of positions 0–1 from the cache"), "{text}");
+    assert!(text.contains("−∞"), "the prefill's scores show the mask");
+    // Step 2 wrote one row (■) and read two (□), in the grid of layer 0.
+    let step2 = &text[text.find("step 2 — decode").unwrap()..text.find("step 3 — decode").unwrap()];
+    let grid: Vec<&str> = step2.lines().filter(|l| l.contains("   ↻")).collect();
+    assert_eq!(grid.len(), 4);
+    assert!(grid[..3].iter().all(|l| l.contains("□ □")) && grid[3].contains("■ ■"), "{grid:?}");
+    let only = stdout(&["inspect", "cache", "The cat sat on", "--model", &m, "--step", "1", "--prefill", "2"]);
+    assert!(only.contains("step 1 —") && !only.contains("step 0 —") && !only.contains("step 2 —"));
+    let dir = tempfile::tempdir().unwrap();
+    let (svg, html) = (dir.path().join("c.svg"), dir.path().join("c.html"));
+    let out = stdout(&[
+        "inspect",
+        "cache",
+        "The cat sat on",
+        "--model",
+        &m,
+        "--generate",
+        "2",
+        "--svg",
+        svg.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    assert_eq!(out, "", "pictures go to their files, not the terminal");
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert_eq!(svg.matches("class=\"w\"").count(), 4 + 5 + 6, "one weight cell per cached position per step");
+    assert_eq!(svg.matches("class=\"recomputed\"").count(), 4 + 5 + 6);
+    let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--prefill", "3"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("the prefill must feed 1 to 2 tokens"));
+    let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--step", "4"]);
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--step 4 is out of range: this run has only the prefill"));
+}
