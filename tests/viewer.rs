@@ -4,127 +4,16 @@
 //! screenshot shows the colours the DOM says, darker for more weight.
 //!
 //! Without `chromium` and `chromedriver` on PATH the test says it skipped, unless
-//! KVGPT_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser fails it.
+//! KVGPT_REQUIRE_BROWSER=1 (as `.ci/run` sets), where a missing browser fails it
+//! (tests/common/browser.rs).
 
 mod common;
 
-use base64::Engine as _;
+use common::browser::{luma, rgb, Browser};
 use common::*;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
-}
-
-/// A chromedriver on a free loopback port, and one headless Chromium session of it.
-struct Browser {
-    driver: Child,
-    base: String,
-    session: String,
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = ureq::delete(&format!("{}/session/{}", self.base, self.session)).call();
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
-    }
-}
-
-impl Browser {
-    fn start(chromium: &Path, driver: &Path, profile: &Path) -> Browser {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new(driver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver starts");
-        let base = format!("http://127.0.0.1:{port}");
-        let start = Instant::now();
-        while ureq::get(&format!("{base}/status")).call().is_err() {
-            assert!(start.elapsed() < Duration::from_secs(30), "chromedriver did not answer on {base}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        // The flags this machine's closed network needs (no background fetches), and a new profile.
-        let args = [
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1400,1000",
-            "--force-device-scale-factor=1",
-        ];
-        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        args.push(format!("--user-data-dir={}", profile.display()));
-        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome",
-            "goog:chromeOptions": {"binary": chromium.to_string_lossy(), "args": args}}}});
-        let r: Value =
-            ureq::post(&format!("{base}/session")).send_json(caps).expect("a Chromium session").into_json().unwrap();
-        let session = r["value"]["sessionId"].as_str().unwrap().to_string();
-        Browser { driver: child, base, session }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Value) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let r = match method {
-            "GET" => ureq::get(&url).call(),
-            _ => ureq::post(&url).send_json(body),
-        };
-        match r {
-            Ok(r) => r.into_json::<Value>().unwrap()["value"].take(),
-            Err(ureq::Error::Status(_, r)) => panic!("{method} {path}: {}", r.into_string().unwrap()),
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    fn open(&self, url: &str) {
-        self.call("POST", "/url", json!({ "url": url }));
-        let start = Instant::now();
-        while self.js("return document.body && document.body.dataset.ready === '1'", json!([])) != json!(true) {
-            assert!(start.elapsed() < Duration::from_secs(20), "the viewer did not get ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn js(&self, script: &str, args: Value) -> Value {
-        self.call("POST", "/execute/sync", json!({ "script": script, "args": args }))
-    }
-
-    fn element(&self, css: &str) -> String {
-        let v = self.call("POST", "/element", json!({ "using": "css selector", "value": css }));
-        v.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string()
-    }
-
-    fn click(&self, css: &str) {
-        let id = self.element(css);
-        self.call("POST", &format!("/element/{id}/click"), json!({}));
-    }
-
-    /// Moves the real pointer onto the element, as a user's mouse would.
-    fn hover(&self, css: &str) {
-        let id = self.element(css);
-        let origin = json!({ "element-6066-11e4-a52e-4f735466cecf": id });
-        self.call(
-            "POST",
-            "/actions",
-            json!({"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
-                "actions": [{"type": "pointerMove", "duration": 0, "origin": origin, "x": 0, "y": 0}]}]}),
-        );
-    }
-
-    fn screenshot(&self) -> Vec<u8> {
-        let b64 = self.call("GET", "/screenshot", json!(null));
-        base64::engine::general_purpose::STANDARD.decode(b64.as_str().unwrap()).unwrap()
-    }
-}
+use std::path::Path;
+use std::process::Command;
 
 /// `[[q, k, w, head], …]` of every element matching `css` with data-q/k/w/head.
 fn weighted(b: &Browser, css: &str) -> Vec<(usize, usize, f64, usize)> {
@@ -146,24 +35,9 @@ fn weighted(b: &Browser, css: &str) -> Vec<(usize, usize, f64, usize)> {
         .collect()
 }
 
-fn rgb(css: &str) -> [u8; 3] {
-    let inner = css.trim_start_matches("rgb(").trim_end_matches(')');
-    let v: Vec<u8> = inner.split(',').map(|x| x.trim().parse().unwrap()).collect();
-    [v[0], v[1], v[2]]
-}
-
-fn luma(c: [u8; 3]) -> f64 {
-    0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64
-}
-
 #[test]
 fn the_html_viewer_in_headless_chromium() {
-    let (Some(chromium), Some(driver)) = (on_path("chromium"), on_path("chromedriver")) else {
-        let required = std::env::var_os("KVGPT_REQUIRE_BROWSER").is_some_and(|v| v == "1");
-        assert!(!required, "KVGPT_REQUIRE_BROWSER=1 but chromium or chromedriver is not on PATH (Debian: apt-get install chromium chromium-driver)");
-        eprintln!("SKIPPED the_html_viewer_in_headless_chromium: chromium and chromedriver are not on PATH (Debian: apt-get install chromium chromium-driver)");
-        return;
-    };
+    let Some((chromium, driver)) = common::browser::find("the_html_viewer_in_headless_chromium") else { return };
     let reference = Reference::load();
     let p = &reference.prompts()[1];
     let t = p.ids.len();
@@ -261,15 +135,8 @@ fn the_html_viewer_in_headless_chromium() {
     b.js("document.getElementById('grid').scrollIntoView()", json!([]));
     let png_bytes = b.screenshot();
     std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("attention-viewer.png"), &png_bytes).unwrap();
-    let decoder = png::Decoder::new(std::io::Cursor::new(&png_bytes));
-    let mut reader = decoder.read_info().unwrap();
-    let mut img = vec![0; reader.output_buffer_size().unwrap()];
-    let info = reader.next_frame(&mut img).unwrap();
-    let px = |x: f64, y: f64| -> [u8; 3] {
-        let ch = info.color_type.samples();
-        let at = (y as usize * info.width as usize + x as usize) * ch;
-        [img[at], img[at + 1], img[at + 2]]
-    };
+    let shot = common::browser::Shot::decode(&png_bytes);
+    let px = |x: f64, y: f64| shot.px(x, y);
     let boxes = b.js(
         "return [...document.querySelectorAll('#grid .cell')].map(e => { const r = e.getBoundingClientRect(); \
          return [r.x + r.width / 2, r.y + r.height / 2, +e.dataset.w, getComputedStyle(e).fill]; })",

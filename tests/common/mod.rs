@@ -1,6 +1,7 @@
 //! Shared test helpers: the tiny-gpt2 fixture and its Hugging Face reference outputs.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod hub_server;
 pub mod random_model;
 pub mod server;
