@@ -48,6 +48,9 @@ fn the_terminal_heatmap_fits_the_width_and_shows_hf_weights_labels_and_scale() {
     let scale = coloured_cells(lines.iter().find(|l| l.starts_with("scale ")).unwrap());
     assert_eq!(scale.iter().map(|c| c.1.as_str()).collect::<Vec<_>>(), ["0.00", "0.25", "0.50", "0.75", "1.00"]);
     assert!(scale.windows(2).all(|w| luma(w[1].0) < luma(w[0].0)), "{scale:?}");
+    let legend = lines.iter().find(|l| l.starts_with("scale ")).unwrap();
+    assert_eq!(masked_cells(legend), ["grey"], "the legend's grey swatch");
+    assert!(plain(legend).ends_with("grey  is masked (a key after its query)"), "{legend:?}");
     // Key labels run downwards above their columns: read down each column, they are the tokens.
     let header = lines.iter().position(|l| l.contains("q\\k")).unwrap();
     let first_label = lines.iter().position(|l| *l == "layer 0 head 1").unwrap() + 1;
@@ -80,6 +83,7 @@ fn the_terminal_heatmap_fits_the_width_and_shows_hf_weights_labels_and_scale() {
         assert!(plain(line).starts_with(&format!("{q:>4} ")), "{line:?}");
         let cells = coloured_cells(line);
         assert_eq!(cells.len(), 1 + r + 1, "row {q}: the ‹ cell and keys {start}..={q}");
+        assert_eq!(masked_cells(line).len(), shown - (r + 1), "row {q}: the keys after it, grey as the legend says");
         let before: f32 = (0..start).map(|k| hf.w(0, 1, q, k)).sum();
         assert!((value(&cells[0].1) - before).abs() <= 0.0051, "row {q} ‹: {} vs {before}", cells[0].1);
         for (i, (rgb, v)) in cells[1..].iter().enumerate() {
@@ -172,7 +176,8 @@ fn the_svg_labels_both_axes_and_uses_the_terminals_colours() {
     let args = ["inspect", "attention", &p.text, "--model", &m, "--generate", "3"];
     let files =
         ["--svg", svg.to_str().unwrap(), "--html", html.to_str().unwrap(), "--color", "always", "--width", "400"];
-    let text = stdout(&[&args[..], &files[..]].concat());
+    assert_eq!(stdout(&[&args[..], &files[..]].concat()), "", "pictures asked for: nothing on the terminal");
+    let text = stdout(&[&args[..], &files[4..]].concat());
     let src = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&src).expect("the SVG is well-formed XML");
     let panels: Vec<_> = doc.descendants().filter(|n| n.attribute("class") == Some("grid")).collect();
@@ -306,17 +311,23 @@ fn in_256_colours_more_weight_is_darker_too() {
         .output()
         .unwrap();
     let text = String::from_utf8(out.stdout).unwrap();
-    let mut seen = Vec::new();
+    let (mut seen, mut masked) = (Vec::new(), 0);
     for line in text.lines().filter(|l| l.contains('│')) {
         for piece in line.split("\x1b[0m") {
             let Some(at) = piece.find("\x1b[48;5;") else { continue };
             let rest = &piece[at + 7..];
             let i: u8 = rest[..rest.find('m').unwrap()].parse().unwrap();
             let v = plain(&rest[rest.find('m').unwrap() + 1..]).trim().to_string();
+            if v.is_empty() {
+                assert_eq!(xterm(i), [0xda; 3], "a masked cell is the grey ramp's 253");
+                masked += 1;
+                continue;
+            }
             seen.push((value(&v), luma(xterm(i))));
         }
     }
     assert_eq!(seen.len(), 8 * 14 * 15 / 2, "every cell of every head is coloured");
+    assert_eq!(masked, 8 * 14 * 13 / 2, "and every masked one grey");
     // Cells printed alike may straddle a step of the ramp: among them, the lighter first.
     seen.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
     for pair in seen.windows(2) {

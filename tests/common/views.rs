@@ -60,6 +60,18 @@ pub fn plain(s: &str) -> String {
 
 /// The coloured cells of a line: each background's RGB and the text on it.
 pub fn coloured_cells(line: &str) -> Vec<([u8; 3], String)> {
+    all_coloured(line).into_iter().filter(|c| c.0 != MASKED).collect()
+}
+
+/// The grey of a masked cell in the pictures (#d9d9d9).
+pub const MASKED: [u8; 3] = [0xd9; 3];
+
+/// The text of the line's cells painted the masked grey.
+pub fn masked_cells(line: &str) -> Vec<String> {
+    all_coloured(line).into_iter().filter(|c| c.0 == MASKED).map(|c| c.1).collect()
+}
+
+fn all_coloured(line: &str) -> Vec<([u8; 3], String)> {
     line.split("\x1b[0m")
         .filter_map(|piece| {
             let at = piece.find("\x1b[48;2;")?;

@@ -274,7 +274,8 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             })?,
         };
         print_json(&v)?;
-    } else {
+    } else if a.svg.is_none() && a.html.is_none() {
+        // With a picture asked for, the picture is the answer: the terminal gets its path only.
         let colors = match a.color {
             ColorWhen::Always => Some(Colors::detect()),
             ColorWhen::Never => None,

@@ -74,6 +74,9 @@ pub(super) fn draft(c: &Common, a: &DraftViewArgs) -> Result<()> {
     if c.io.json {
         return print_json(&serde_json::to_value(&view)?);
     }
+    if a.html.is_some() {
+        return Ok(()); // the page is the answer, as with every view's pictures
+    }
     terminal(&view)
 }
 

@@ -19,6 +19,12 @@ pub enum Colors {
 /// cyan sits between two greys).
 pub const RAMP_256: [u8; 9] = [231, 195, 153, 117, 74, 68, 31, 25, 18];
 
+/// A masked cell: grey with colours (the SVG's and the viewer's #d9d9d9; in 256 colours the grey
+/// ramp's 253, #dadada), `-` without.
+const MASKED_RGB: [u8; 3] = [0xd9, 0xd9, 0xd9];
+const MASKED_256: u8 = 253;
+const MASKED_TEXT: &str = "-";
+
 /// The RGB of an xterm 256-colour palette entry from 16 up (its 6×6×6 cube and grey ramp).
 pub fn xterm_rgb(i: u8) -> [u8; 3] {
     const LEVELS: [u8; 6] = [0, 95, 135, 175, 215, 255];
@@ -53,6 +59,17 @@ impl Colors {
                 let i = RAMP_256[step];
                 (format!("\x1b[48;5;{i}m"), xterm_rgb(i))
             }
+        }
+    }
+
+    /// `text` over the grey of a masked cell (the pictures' grey).
+    fn masked(self, text: &str) -> String {
+        match self {
+            Colors::Truecolor => {
+                let [r, g, b] = MASKED_RGB;
+                format!("\x1b[48;2;{r};{g};{b}m\x1b[30m{text}\x1b[0m")
+            }
+            Colors::Ansi256 => format!("\x1b[48;5;{MASKED_256}m\x1b[30m{text}\x1b[0m"),
         }
     }
 
@@ -152,10 +169,15 @@ pub fn legend(colors: Option<Colors>) -> String {
             for w in [0.0, 0.25, 0.5, 0.75, 1.0] {
                 out.push_str(&c.paint(w, &format!(" {w:.2} ")));
             }
-            out.push_str(" (darker is more weight)");
+            out.push_str(" (darker is more weight); ");
+            out.push_str(&c.masked(" grey "));
+            out.push_str(" is masked (a key after its query)");
             out
         }
-        None => "the cells are the weights (colours: a terminal without NO_COLOR, or --color always)".to_string(),
+        None => format!(
+            "the cells are the weights; {MASKED_TEXT} is masked (a key after its query); colours: a terminal \
+             without NO_COLOR, or --color always"
+        ),
     }
 }
 
@@ -207,7 +229,8 @@ pub fn heatmap(g: &Grid, colors: Option<Colors>) -> String {
         }
         let _ = write!(out, "{:>4} {} │", t.index, pad_right(&row_labels[r], lw));
         let mut put = |w: Option<f32>| match (w, colors) {
-            (None, _) => out.push_str(&" ".repeat(cell)),
+            (None, None) => out.push_str(&pad_left(MASKED_TEXT, cell)),
+            (None, Some(c)) => out.push_str(&c.masked(&" ".repeat(cell))),
             (Some(w), None) => out.push_str(&pad_left(&cell_text(w), cell)),
             (Some(w), Some(c)) => out.push_str(&c.paint(w, &pad_left(&cell_text(w), cell))),
         };
