@@ -24,6 +24,8 @@ import traceback
 
 import openai
 
+import openai_cache_checks
+
 MAX_CHUNKS = 2000  # bound on the chunks read from any one stream
 LOGPROB_TOL = 1e-9
 PROMPT = "The quick brown fox"
@@ -446,6 +448,7 @@ def main():
         return f"prompt_tokens {pt}, cached {c1} then {c2}"
 
     checks.run("prompt cache: same request twice, cached_tokens == prompt_tokens - 1", cache)
+    openai_cache_checks.add_checks(checks, client, model, a.model, a.base_url, a.api_key, expect, expect_eq, extra)
 
     # 7 ------------------------------------------------------------------ errors
     def bad_temperature():

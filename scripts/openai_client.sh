@@ -11,6 +11,8 @@
 set -euo pipefail
 
 OPENAI_VERSION=3.51.0
+# Hugging Face's tokenizer, the independent party for where the prompt cache's reuse must stop.
+TOKENIZERS_VERSION=0.23.3
 API_KEY=test-key
 MODEL=tests/fixtures/tiny-gpt2
 READY_TIMEOUT_S=60
@@ -27,10 +29,10 @@ cd "$(dirname "$0")/.."
 
 venv=${OPENAI_VENV:-.venv-openai}
 py=$venv/bin/python
-if ! [[ -x $py ]] || ! "$py" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
-    echo "openai_client.sh: installing openai==$OPENAI_VERSION into $venv" >&2
+if ! [[ -x $py ]] || ! "$py" -c "import openai, tokenizers, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION' or tokenizers.__version__ != '$TOKENIZERS_VERSION')" 2>/dev/null; then
+    echo "openai_client.sh: installing openai==$OPENAI_VERSION tokenizers==$TOKENIZERS_VERSION into $venv" >&2
     python3 -m venv "$venv"
-    "$venv/bin/pip" install --disable-pip-version-check -q "openai==$OPENAI_VERSION"
+    "$venv/bin/pip" install --disable-pip-version-check -q "openai==$OPENAI_VERSION" "tokenizers==$TOKENIZERS_VERSION"
 fi
 "$py" -c "import openai; print('openai', openai.__version__)"
 

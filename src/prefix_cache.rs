@@ -29,6 +29,9 @@
 
 use crate::kv_cache::{KvCache, KvSpan};
 
+mod reuse;
+pub use reuse::{ReuseStop, StopReason};
+
 const ROOT: usize = 0;
 
 struct Node {
@@ -57,12 +60,13 @@ pub struct Hold {
     ids: Vec<u32>,
 }
 
-/// What a lookup found: `len` tokens, whose K/V are the `spans` in order (each whole), and the
-/// hold that keeps them.
+/// What a lookup found: `len` tokens, whose K/V are the `spans` in order (each whole), the
+/// hold that keeps them, and where and why reuse stopped.
 pub struct Lookup<'a> {
     pub len: usize,
     pub spans: Vec<&'a KvSpan>,
     pub hold: Hold,
+    pub stop: ReuseStop,
 }
 
 /// Counters for the metrics.
@@ -162,6 +166,8 @@ impl PrefixCache {
         self.stats.lookups += 1;
         let path = self.descend(ids, ids.len().saturating_sub(1));
         let len = path.iter().map(|&(_, take)| take).sum();
+        let (end, end_take) = path.last().copied().unwrap_or((ROOT, 0));
+        let stop = self.stop_at(ids, len, end, end_take);
         if let Some(&(last, take)) = path.last() {
             if take < self.nodes[last].tokens.len() {
                 self.split(last, take); // the hold ends at a node's end
@@ -175,7 +181,7 @@ impl PrefixCache {
             self.stats.hits += 1;
         }
         let spans = path.iter().map(|&(c, _)| &self.nodes[c].kv).collect();
-        Lookup { len, spans, hold: Hold { ids: ids[..len].to_vec() } }
+        Lookup { len, spans, hold: Hold { ids: ids[..len].to_vec() }, stop }
     }
 
     /// How many tokens of `ids` a lookup would take from the cache now (nothing is touched).

@@ -186,6 +186,7 @@ impl Engine {
         let s = &mut self.slots[i];
         let found = self.cache.lookup(s.seq.ids());
         let restored = found.spans.iter().try_for_each(|span| s.seq.restore(span, 0, span.len));
+        s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
         (s.cached, s.hold, s.phase) = (found.len, Some(found.hold), Phase::Prefilling);
         if let Err(e) = restored {
             let s = self.slots.remove(i);
@@ -214,6 +215,7 @@ impl Engine {
                     cached_tokens: s.cached,
                     queue: s.admitted - s.submitted,
                     prompt_time: now - s.admitted,
+                    reuse: s.reuse.clone(),
                 });
                 if self.cfg.cache_bytes > 0 {
                     self.cache.insert(s.seq.prompt(), s.seq.cache());

@@ -4,6 +4,7 @@
 use crate::error::Error;
 use crate::generate::FinishReason;
 use crate::logprobs::TokenLogprob;
+use crate::prefix_cache::ReuseStop;
 use crate::sampler::Sampling;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -31,6 +32,8 @@ pub enum Event {
         cached_tokens: usize,
         queue: Duration,
         prompt_time: Duration,
+        /// Where reuse of the prompt cache stopped, and why (None with the cache off).
+        reuse: Option<ReuseStop>,
     },
     Token {
         id: u32,
@@ -63,6 +66,8 @@ pub struct Usage {
     pub draft_steps: usize,
     pub drafted_tokens: usize,
     pub accepted_tokens: usize,
+    /// Where reuse of the prompt cache stopped, and why (None with the cache off).
+    pub reuse: Option<ReuseStop>,
 }
 
 /// Why a front end ends a sequence early.

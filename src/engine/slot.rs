@@ -3,7 +3,7 @@
 
 use super::policy::{Phase, SlotView};
 use super::request::{Event, Request, SeqId, Usage};
-use crate::prefix_cache::Hold;
+use crate::prefix_cache::{Hold, ReuseStop};
 use crate::sequence::Sequence;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
@@ -36,6 +36,8 @@ pub(super) struct Slot {
     /// The prompt-cache prefix it started from, held until it finishes.
     pub hold: Option<Hold>,
     pub cached: usize,
+    /// Where its lookup in the prompt cache stopped (None with the cache off).
+    pub reuse: Option<ReuseStop>,
     pub submitted: Instant,
     pub admitted: Instant,
     pub first_token: Option<Instant>,
@@ -55,6 +57,7 @@ impl Slot {
             events: w.events,
             hold: None,
             cached: 0,
+            reuse: None,
             submitted: w.submitted,
             admitted: now,
             first_token: None,
@@ -93,6 +96,7 @@ impl Slot {
             draft_steps: drafts.steps,
             drafted_tokens: drafts.drafted,
             accepted_tokens: drafts.accepted,
+            reuse: self.reuse.clone(),
         }
     }
 }

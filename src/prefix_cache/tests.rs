@@ -142,3 +142,42 @@ fn an_entry_over_the_budget_is_not_kept() {
     insert(&mut c, &[1, 2, 3, 4]);
     assert_eq!((c.bytes(), c.stats.evicted_nodes, c.stats.inserted_tokens), (0, 1, 4));
 }
+
+#[test]
+fn a_lookup_says_where_reuse_stopped_and_why() {
+    let mut c = PrefixCache::new(1 << 20);
+    let stop = |c: &mut PrefixCache, ids: &[u32]| {
+        let l = c.lookup(ids);
+        let (stop, hold) = (l.stop, l.hold);
+        c.release(hold);
+        stop
+    };
+    // An empty cache: nothing to reuse, the cache ends at 0.
+    let s = stop(&mut c, &[1, 2, 3]);
+    assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (0, StopReason::CacheEnds, Some(1), None));
+    insert(&mut c, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    // One token changed in the middle: reuse stops at it, both sides named, the cached text after it.
+    let s = stop(&mut c, &[1, 2, 3, 4, 50, 6, 7]);
+    assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (4, StopReason::Differs, Some(50), Some(5)));
+    assert_eq!(s.cached_after, [6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(c.explain(&[1, 2, 3, 4, 50]), s, "explain agrees with the lookup and touches nothing");
+    // The lookup above split the edge at 4; the stop is the same across the split.
+    let s = stop(&mut c, &[1, 2, 3, 4, 60]);
+    assert_eq!((s.reused, s.reason, s.cached_token), (4, StopReason::Differs, Some(5)));
+    // A prompt the cache holds whole: all but its last token, which is computed for its logits.
+    let s = stop(&mut c, &[1, 2, 3]);
+    assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (2, StopReason::LastToken, Some(3), Some(3)));
+    // Longer than what is cached: the cache ends.
+    let s = stop(&mut c, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]);
+    assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (12, StopReason::CacheEnds, Some(13), None));
+    // Two continuations: the one that goes on with the prompt's token is not a difference; of
+    // others, the most recently used is named.
+    insert(&mut c, &[1, 2, 3, 4, 70, 71]);
+    let s = stop(&mut c, &[1, 2, 3, 4, 80]);
+    assert_eq!((s.reused, s.cached_token, s.cached_after.as_slice()), (4, Some(70), &[71][..]));
+    let s = stop(&mut c, &[1, 2, 3, 4, 5, 6, 99]);
+    assert_eq!((s.reused, s.reason, s.cached_token), (6, StopReason::Differs, Some(7)));
+    // A different first token: reuse stops at 0 against what the cache starts with.
+    let s = stop(&mut c, &[9, 2, 3]);
+    assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (0, StopReason::Differs, Some(9), Some(1)));
+}

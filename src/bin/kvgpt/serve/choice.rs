@@ -45,7 +45,9 @@ pub async fn drive(
         };
         let Some(ev) = ev else { break };
         match ev {
-            Event::Started { cached_tokens, queue, prompt_time } => started = Some((cached_tokens, queue, prompt_time)),
+            Event::Started { cached_tokens, queue, prompt_time, reuse } => {
+                started = Some(Usage { cached_tokens, queue, prompt_time, reuse, ..Usage::default() })
+            }
             Event::Token { id, logprob } => {
                 completion_tokens += 1;
                 let (t, stopped) = text.push(id);
@@ -59,10 +61,7 @@ pub async fn drive(
                         match events.recv().await {
                             Some(Event::Done { usage, .. }) => break usage,
                             Some(Event::Token { .. } | Event::Started { .. }) => continue,
-                            Some(Event::Error(_)) | None => {
-                                let (cached_tokens, queue, prompt_time) = started.unwrap_or_default();
-                                break Usage { cached_tokens, queue, prompt_time, ..Usage::default() };
-                            }
+                            Some(Event::Error(_)) | None => break started.take().unwrap_or_default(),
                         }
                     };
                     usage.completion_tokens = completion_tokens; // it may have made more before the stop

@@ -16,6 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Positions where reuse of the prompt cache stopped: 0 (nothing reused), then powers of two.
+const REUSE_STOP: &str = "kvgpt_prompt_cache_reuse_stop_position";
+const POSITION_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -28,7 +31,10 @@ pub struct Metrics {
 impl Metrics {
     /// Metrics with every one of `endpoints` counted from the start with status 200.
     pub fn new(endpoints: impl IntoIterator<Item = &'static str>) -> anyhow::Result<Metrics> {
-        let recorder = PrometheusBuilder::new().set_buckets(BUCKETS)?.build_recorder();
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(BUCKETS)?
+            .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(REUSE_STOP.into()), POSITION_BUCKETS)?
+            .build_recorder();
         let handle = recorder.handle();
         let m = Metrics { recorder: Arc::new(recorder), handle, last: Arc::default() };
         m.with(|| {
@@ -61,6 +67,18 @@ impl Metrics {
             metrics::describe_counter!("kvgpt_prompt_cache_evictions_total", "prompt cache entries evicted");
             metrics::describe_counter!("kvgpt_prompt_cache_lookups_total", "prompt cache lookups");
             metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
+            metrics::describe_histogram!(
+                REUSE_STOP,
+                "the prompt position where reuse of the prompt cache stopped, per sequence (0: nothing reused)"
+            );
+            metrics::describe_counter!(
+                "kvgpt_prompt_cache_stops_total",
+                "why reuse of the prompt cache stopped: differs (a token differs from the cached one), cache_ends \
+                 (nothing cached past the prefix), last_token (all but the last token reused)"
+            );
+            for reason in ["differs", "cache_ends", "last_token"] {
+                counter!("kvgpt_prompt_cache_stops_total", "reason" => reason).absolute(0);
+            }
             metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
             metrics::describe_gauge!("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)");
             metrics::describe_counter!(
@@ -124,6 +142,7 @@ impl Metrics {
                 "kvgpt_time_to_first_token_seconds",
                 "kvgpt_inter_token_latency_seconds",
                 "kvgpt_request_duration_seconds",
+                REUSE_STOP,
             ] {
                 let _ = histogram!(name);
             }
@@ -266,6 +285,10 @@ impl Monitor for EngineMonitor {
             counter!("kvgpt_spec_decode_num_accepted_tokens_total").increment(u.accepted_tokens as u64);
             if ending == Ending::Cancelled {
                 counter!("kvgpt_sequences_cancelled_total").increment(1);
+            }
+            if let Some(r) = &u.reuse {
+                histogram!(REUSE_STOP).record(r.reused as f64);
+                counter!("kvgpt_prompt_cache_stops_total", "reason" => r.reason.label()).increment(1);
             }
         });
     }

@@ -2,6 +2,7 @@
 //! and the usage both report.
 
 use super::admission::Job;
+use super::api::Params;
 use super::api::{ApiError, ApiResult};
 use super::choice::{drive, Delta, Ended};
 use super::endpoint::Endpoint;
@@ -9,8 +10,10 @@ use super::http::{now_secs, ready, Shared};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use kvgpt::cache_report::Report;
 use kvgpt::engine::Usage;
 use kvgpt::logprobs::TokenLogprob;
+use kvgpt::Tokenizer;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc::unbounded_channel;
@@ -47,7 +50,8 @@ pub async fn collect(app: &Shared, job: Job) -> ApiResult<Value> {
     }
     let usages = usage_of(params.n, &prompt_ids, &ended);
     tally.add(&usages);
-    let usage = usage_json(&usages);
+    let mut usage = usage_json(&usages);
+    usage["prompt_cache"] = prompt_cache_json(&r.tok, &params, &prompt_ids, &ended);
     app.metrics.request_seconds(started.elapsed());
     Ok(
         json!({"id": id, "object": ep.object(), "created": now_secs(), "model": r.name, "seed": params.sampling.seed, "choices": choices, "usage": usage}),
@@ -142,7 +146,9 @@ pub fn stream(app: Shared, job: Job) -> Response {
         let usages = usage_of(params.n, &prompt_ids, &ended);
         tally.add(&usages);
         if params.include_usage {
-            let _ = tx.send(chunks.data(json!([]), Some(usage_json(&usages))));
+            let mut usage = usage_json(&usages);
+            usage["prompt_cache"] = prompt_cache_json(&r.tok, &params, &prompt_ids, &ended);
+            let _ = tx.send(chunks.data(json!([]), Some(usage)));
         }
         let _ = tx.send(SseEvent::default().data("[DONE]"));
         app.metrics.request_seconds(started.elapsed());
@@ -150,6 +156,26 @@ pub fn stream(app: Shared, job: Job) -> Response {
     let body = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
     let body = tokio_stream::StreamExt::map(body, Ok::<_, std::convert::Infallible>);
     Sse::new(body).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// Where reuse of the prompt cache stopped for each prompt (its first choice's lookup), and why:
+/// an object for one prompt, a list for several; null with the prompt cache off. With the
+/// request's `kvgpt.cache_diagnosis`, the text around each stop and a sentence too.
+fn prompt_cache_json(tok: &Tokenizer, params: &Params, prompts: &[Vec<u32>], ended: &[Ended]) -> Value {
+    let reports: Vec<Value> = prompts
+        .iter()
+        .zip(ended.iter().step_by(params.n))
+        .map(|(ids, e)| {
+            e.usage
+                .reuse
+                .as_ref()
+                .map_or(Value::Null, |stop| json!(Report::new(tok, ids, stop, params.cache_diagnosis)))
+        })
+        .collect();
+    match <[Value; 1]>::try_from(reports) {
+        Ok([one]) => one,
+        Err(all) => json!(all),
+    }
 }
 
 /// Usage counts each prompt once (its first choice's cache use), and every choice's tokens.
