@@ -165,7 +165,7 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
         [(p2.ids[..20].to_vec(), 19), (p2.ids[..60].to_vec(), 59), (p2.ids[..88].to_vec(), 60), (diverged, 30)]
     {
         let mut warm = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
-        let kvgpt::prefix_cache::Lookup { len, spans, hold } = cache.lookup(warm.ids());
+        let kvgpt::prefix_cache::Lookup { len, spans, hold, .. } = cache.lookup(warm.ids());
         assert_eq!(len, want_hit, "reuse stops at the first differing token, and before the last");
         for span in spans {
             warm.restore(span, 0, span.len).unwrap();
