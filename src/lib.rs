@@ -37,6 +37,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod cache_replay;
 pub mod cache_report;
 pub mod chat;
 pub mod config;

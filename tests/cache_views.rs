@@ -197,3 +197,44 @@ fn the_terminal_view_marks_steps_and_pictures_stay_off_the_terminal() {
     let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--step", "4"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--step 4 is out of range: this run has only the prefill"));
 }
+
+/// The README's demo: a system prompt with a `Current time:` line, two requests a minute apart,
+/// through `kvgpt cache diff`; where reuse must stop is computed here from Hugging Face's own
+/// tokenizer (the `tokenizers` library reading the model's tokenizer.json), not by kvgpt.
+#[test]
+fn cache_diff_stops_at_the_first_token_the_tokenizer_says_differs() {
+    let hf = tokenizers::Tokenizer::from_file(fixture_dir().join("tokenizer.json")).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prompt-cache");
+    for (first, second) in
+        [("time-first-0914.txt", "time-first-0915.txt"), ("time-last-0914.txt", "time-last-0915.txt")]
+    {
+        let (a, b) = (dir.join(first), dir.join(second));
+        let ids = |p: &std::path::Path| {
+            let text = std::fs::read_to_string(p).unwrap();
+            hf.encode(text.strip_suffix('\n').unwrap(), false).unwrap().get_ids().to_vec()
+        };
+        let (ia, ib) = (ids(&a), ids(&b));
+        let stop = ia.iter().zip(&ib).position(|(x, y)| x != y).expect("the prompts differ");
+        let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+        // The second prompt twice: the last time everything but its last token is reused.
+        let j = json_of(&["cache", "diff", a, b, b, "--model", &model(), "--json"]);
+        let r = |i: usize| &j[i]["report"];
+        assert_eq!((r(0)["reused"].as_u64(), r(0)["reason"].as_str()), (Some(0), Some("cache_ends")));
+        assert_eq!(r(0)["prompt_tokens"].as_u64(), Some(ia.len() as u64));
+        assert_eq!(r(1)["reused"].as_u64(), Some(stop as u64), "{first}: the first differing id");
+        assert_eq!(r(1)["reason"], "differs");
+        assert_eq!(r(1)["cached_token"]["id"].as_u64(), Some(u64::from(ia[stop])));
+        assert_eq!(r(1)["new_token"]["id"].as_u64(), Some(u64::from(ib[stop])));
+        assert_eq!(r(1)["new_token"]["text"], hf.decode(&[ib[stop]], false).unwrap());
+        assert_eq!(r(1)["recomputed"].as_u64(), Some((ib.len() - stop) as u64));
+        assert_eq!(r(1)["context"]["new_after"], hf.decode(&ib[stop..(stop + 9).min(ib.len())], false).unwrap());
+        assert_eq!(r(1)["context"]["cached_after"], hf.decode(&ia[stop..(stop + 9).min(ia.len())], false).unwrap());
+        assert_eq!((r(2)["reused"].as_u64(), r(2)["reason"].as_str()), (Some(ib.len() as u64 - 1), Some("last_token")));
+        for i in 0..3 {
+            assert_eq!(j[i]["same_bits_as_cold"], true, "a reused prefix gives the same logits as none");
+        }
+    }
+    let out = kvgpt(&["cache", "diff", "examples/no-such.txt", "examples/no-such.txt", "--model", &model()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not read the prompt file examples/no-such.txt"));
+}

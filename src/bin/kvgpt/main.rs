@@ -21,6 +21,7 @@ macro_rules! errln {
 }
 
 mod bench;
+mod cache;
 mod chat;
 mod common;
 mod draft;
@@ -70,6 +71,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Serve the model over HTTP (OpenAI-compatible), batching requests, with a prompt cache.
     Serve(serve::ServeArgs),
+    /// The prompt cache across requests, offline: `cache diff A B …` says where reuse stops.
+    #[command(subcommand)]
+    Cache(cache::CacheCmd),
 }
 
 /// The command line with negative numbers accepted as option values everywhere, so that
@@ -122,7 +126,7 @@ impl Cmd {
             Cmd::Inspect(inspect::InspectCmd::Attention { .. } | inspect::InspectCmd::Cache { .. }) => {
                 Some("--generate")
             }
-            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) | Cmd::Info(_) => None,
+            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) | Cmd::Info(_) | Cmd::Cache(_) => None,
         }
     }
 }
@@ -145,5 +149,6 @@ fn run(cli: Cli) -> Result<Outcome> {
             with_threads(&m, || verify::run(c))
         }
         Cmd::Serve(a) => serve::run(&a).map(|()| Outcome::Done),
+        Cmd::Cache(c) => with_threads(c.model_args(), || cache::run(&c)),
     }
 }
