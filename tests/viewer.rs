@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::browser::{luma, rgb, Browser};
+use common::browser::{kvgpt_json, luma, rgb, Browser};
 use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -46,23 +46,25 @@ fn the_html_viewer_in_headless_chromium() {
     let dir = tempfile::tempdir().unwrap();
     let page = dir.path().join("attention.html");
     let m = fixture_dir().to_string_lossy().into_owned();
-    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
-        .args(["inspect", "attention", &p.text, "--model", &m, "--generate", &gen.to_string(), "--json"])
-        .arg("--html")
-        .arg(&page)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gen_s = gen.to_string();
     // The decoded rows (no reference has them) are checked against the engine's own --json,
     // whose prompt rows tests/inspect.rs checks against the reference.
-    let engine: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let engine = kvgpt_json(&[
+        "inspect",
+        "attention",
+        &p.text,
+        "--model",
+        &m,
+        "--generate",
+        &gen_s,
+        "--json",
+        "--html",
+        page.to_str().unwrap(),
+    ]);
     let b = Browser::start(&chromium, &driver, &dir.path().join("profile"));
     let url = format!("file://{}", page.display());
     b.open(&url);
-
-    // Self-contained: nothing was fetched, nothing points anywhere.
-    assert_eq!(b.js("return performance.getEntriesByType('resource').length", json!([])), json!(0));
-    assert_eq!(b.js("return document.querySelectorAll('[src],[href],link,iframe,img').length", json!([])), json!(0));
+    b.assert_self_contained();
     // The pickers: every layer, every head and "all".
     let options =
         |id: &str| b.js(&format!("return [...document.querySelectorAll('#{id} option')].map(o => o.value)"), json!([]));

@@ -113,6 +113,13 @@ impl Browser {
         self.call("POST", &format!("/element/{id}/click"), json!({}));
     }
 
+    /// Asserts that the open page fetched nothing and points nowhere (self-contained).
+    pub fn assert_self_contained(&self) {
+        assert_eq!(self.js("return performance.getEntriesByType('resource').length", json!([])), json!(0));
+        let links = "return document.querySelectorAll('[src],[href],link,iframe,img').length";
+        assert_eq!(self.js(links, json!([])), json!(0));
+    }
+
     /// Types `text` into the element (WebDriver key codes for arrows: \u{E012} is ←).
     pub fn keys(&self, css: &str, text: &str) {
         let id = self.element(css);
@@ -145,6 +152,13 @@ pub fn rgb(css: &str) -> [u8; 3] {
 
 pub fn luma(c: [u8; 3]) -> f64 {
     0.299 * c[0] as f64 + 0.587 * c[1] as f64 + 0.114 * c[2] as f64
+}
+
+/// Runs kvgpt with `args` (a view writing its page, with --json) and returns its JSON.
+pub fn kvgpt_json(args: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// A PNG screenshot's pixels: `px(x, y)` is the RGB at a CSS pixel (device scale 1).

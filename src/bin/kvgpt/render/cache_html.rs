@@ -62,6 +62,11 @@ pub fn html(v: &CacheView) -> Result<String> {
          <figure><figcaption id=\"values-caption\"></figcaption><svg id=\"values\"></svg></figure>\n</div>\n",
     );
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{page}</script>");
-    let _ = writeln!(out, "<script>\n{}</script>\n</body>\n</html>", include_str!("cache_viewer.js"));
+    let _ = writeln!(
+        out,
+        "<script>\n{}{}</script>\n</body>\n</html>",
+        include_str!("pages.js"),
+        include_str!("cache_viewer.js")
+    );
     Ok(out)
 }

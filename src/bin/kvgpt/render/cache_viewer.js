@@ -5,29 +5,19 @@
 "use strict";
 (function () {
   const P = JSON.parse(document.getElementById("kvgpt-data").textContent);
-  const V = P.view, SVGNS = "http://www.w3.org/2000/svg";
+  const V = P.view;
   const last = V.steps.length - 1;
   const state = { step: last, layer: V.layer, head: V.head };
   const ROW_H = 16, TOP = 22, TOK_W = 130, CELL_W = 22, W_W = 60;
 
-  function rgbOf(w) { // the scale of kvgpt's other pictures: white 0 → dark blue 1
-    const p = P.palette, x = (w >= 0 ? Math.min(w, 1) : 0) * (p.length - 1);
-    const i = Math.min(Math.floor(x), p.length - 2), f = x - i;
-    return [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
-  }
+  const rgbOf = (w) => kvgptRgb(P.palette, w); // white 0 → dark blue 1, as every picture
   const shade = (w) => "rgb(" + rgbOf(w).join(",") + ")";
   // Values and scores: red below 0, blue above, white at 0, full at the largest magnitude.
   function diverging(x, max) {
     const a = Math.min(Math.abs(x) / (max || 1), 1), c = Math.round(255 * (1 - a));
     return x >= 0 ? "rgb(" + c + "," + c + ",255)" : "rgb(255," + c + "," + c + ")";
   }
-  function el(name, attrs, parent, text) {
-    const e = document.createElementNS(SVGNS, name);
-    for (const k in attrs) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    if (parent) parent.appendChild(e);
-    return e;
-  }
+  const el = kvgptEl;
   const label = (t) => t.replace(/ /g, "·");
   const tok = (i) => i + " " + label(V.tokens[i]);
   const say = (t) => { document.getElementById("readout").textContent = t; };

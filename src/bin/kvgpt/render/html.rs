@@ -82,6 +82,7 @@ pub fn html(v: &Viewer) -> String {
          <figure id=\"grid-figure\"><figcaption id=\"grid-caption\"></figcaption><svg id=\"grid\"></svg></figure>\n</div>\n",
     );
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{data}</script>");
-    let _ = writeln!(out, "<script>\n{}</script>\n</body>\n</html>", include_str!("viewer.js"));
+    let _ =
+        writeln!(out, "<script>\n{}{}</script>\n</body>\n</html>", include_str!("pages.js"), include_str!("viewer.js"));
     out
 }

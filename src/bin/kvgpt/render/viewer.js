@@ -6,7 +6,6 @@
 "use strict";
 (function () {
   const D = JSON.parse(document.getElementById("kvgpt-data").textContent);
-  const SVGNS = "http://www.w3.org/2000/svg";
   const S = D.tokens.length;
   const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
@@ -16,20 +15,10 @@
   let hover = null; // {side: "q"|"k", pos} while the pointer is on a token or a cell
 
   // The scale of kvgpt's terminal and SVG output: the same stops, interpolated the same way.
-  function rgbOf(w) {
-    const p = D.palette, x = (w >= 0 ? Math.min(w, 1) : 0) * (p.length - 1);
-    const i = Math.min(Math.floor(x), p.length - 2), f = x - i;
-    return [0, 1, 2].map((j) => Math.round(p[i][j] + (p[i + 1][j] - p[i][j]) * f));
-  }
+  const rgbOf = (w) => kvgptRgb(D.palette, w);
   function shade(w) { return "rgb(" + rgbOf(w).join(",") + ")"; }
   function darkOn(w) { const c = rgbOf(w); return 0.299 * c[0] + 0.587 * c[1] + 0.114 * c[2] < 140; }
-  function el(name, attrs, parent, text) {
-    const e = document.createElementNS(SVGNS, name);
-    for (const k in attrs) e.setAttribute(k, attrs[k]);
-    if (text !== undefined) e.textContent = text;
-    if (parent) parent.appendChild(e);
-    return e;
-  }
+  const el = kvgptEl;
   function headColour(h) { return HEAD_COLOURS[h % HEAD_COLOURS.length]; }
   // attn[layer index][head index][query] holds the weights on keys 0..query.
   function row(layer, head, q) { return D.attn[D.layers.indexOf(layer)][D.heads.indexOf(head)][q]; }
