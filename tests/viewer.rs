@@ -11,7 +11,7 @@ mod common;
 
 use common::browser::{kvgpt_json, luma, rgb, Browser};
 use common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::path::Path;
 use std::process::Command;
 
