@@ -1,7 +1,7 @@
 //! Attention, its one home: the public [`attention`] over a KV cache and its [`AttnDims`]; the
 //! scores (one query against a head's keys), the weighted sums of the value rows (one query, or
 //! two sharing the rows); and their x86 inner loops over the lanes of either ISA, each keeping
-//! its scalar body's chains and reduction order (the scalar bodies are the reference paths.rs
+//! its scalar body's chains and reduction order (the scalar bodies are the reference tests/attention.rs
 //! tests every path against).
 
 use crate::dispatch::kernels;

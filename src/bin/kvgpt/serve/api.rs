@@ -167,28 +167,6 @@ const COMMON_FIELDS: &[&str] = &[
     "kvgpt",
 ];
 
-/// The keys of the `kvgpt` object (kvgpt's own options, where OpenAI's fields have no name).
-const KVGPT_FIELDS: &[&str] = &["cache_diagnosis"];
-
-/// The `kvgpt` object's options: `cache_diagnosis`.
-fn kvgpt_options(m: &Map<String, Value>) -> ApiResult<bool> {
-    let o = match field(m, "kvgpt") {
-        None => return Ok(false),
-        Some(Value::Object(o)) => o,
-        Some(v) => return Err(ApiError::bad("kvgpt", format!("`kvgpt` must be an object, got {}", kind(v)))),
-    };
-    if let Some(k) = o.keys().find(|k| !KVGPT_FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::bad(
-            &format!("kvgpt.{k}"),
-            format!("unknown field `kvgpt.{k}`; `kvgpt` takes {}", KVGPT_FIELDS.join(", ")),
-        ));
-    }
-    boolean(o, "cache_diagnosis").map_err(|mut e| {
-        e.param = Some("kvgpt.cache_diagnosis".into());
-        e
-    })
-}
-
 /// Refuses a field neither endpoint nor `extra` knows, as OpenAI does: a misspelt `max_token`
 /// must not silently leave the default in place.
 fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
@@ -337,7 +315,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
         speculative: boolean_or(m, "speculative", true)?,
         stream,
         include_usage,
-        cache_diagnosis: kvgpt_options(m)?,
+        cache_diagnosis: kvgpt_field::options(m)?,
     })
 }
 
@@ -446,6 +424,7 @@ pub fn tokens_field(m: &Map<String, Value>) -> ApiResult<Vec<u32>> {
     ids(field(m, "tokens").ok_or_else(|| ApiError::bad("tokens", "`tokens` is required"))?, "tokens")
 }
 
+mod kvgpt_field;
 mod routers;
 
 #[cfg(test)]

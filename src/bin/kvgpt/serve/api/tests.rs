@@ -16,8 +16,11 @@ fn value() -> impl Strategy<Value = Value> {
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::vec((prop::sample::select(vec!["role", "content", "type", "text", "k"]), inner), 0..3)
-                .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
+            prop::collection::vec(
+                (prop::sample::select(vec!["role", "content", "type", "text", "k", "cache_diagnosis"]), inner),
+                0..3
+            )
+            .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())),
         ]
     })
 }
@@ -25,6 +28,7 @@ fn value() -> impl Strategy<Value = Value> {
 fn body() -> impl Strategy<Value = Map<String, Value>> {
     let keys = prop::sample::select(vec![
         "model",
+        "kvgpt",
         "prompt",
         "messages",
         "max_tokens",
