@@ -3,7 +3,8 @@
 #
 #   scripts/openai_client.sh [KVGPT_BINARY]        (default: target/debug/kvgpt)
 #
-# Makes a venv (OPENAI_VENV, default .venv-openai; reused when it already has the pinned openai),
+# Makes a venv (OPENAI_VENV, default .venv-openai; reused when it already has the pinned openai and
+# tokenizers),
 # starts `KVGPT_BINARY serve` on the tiny fixture on a free loopback port with an API key, waits for
 # /health, runs scripts/openai_client.py against it, then stops the server with SIGTERM and checks
 # that it drained and exited 0. Exits with the script's status (1 as well if the server misbehaved
