@@ -63,6 +63,7 @@ pub mod tap;
 pub mod tokenizer;
 pub mod verify;
 pub mod weights;
+pub mod work;
 
 pub use config::Config;
 pub use error::{Error, Result};

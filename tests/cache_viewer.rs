@@ -59,6 +59,11 @@ fn the_cache_viewer_in_headless_chromium() {
     // It opens on the last step (7 steps: 0..6) with the layer and head of --layer/--head.
     let hash = || b.js("return location.hash", json!([]));
     assert_eq!(hash(), json!("#step=6&layer=1&head=2"));
+    // A link with a fraction, a name the page does not keep and a layer past the last opens
+    // anyway: the fraction ignored, the layer clamped.
+    b.call("POST", "/url", json!({ "url": "about:blank" })); // a new load, not a hash change
+    b.open(&format!("file://{}#step=2.5&valueOf=1&layer=9", page.display()));
+    assert_eq!(hash(), json!("#step=6&layer=1&head=2"));
     b.click("#prev");
     b.click("#prev");
     assert_eq!(hash(), json!("#step=4&layer=1&head=2"));

@@ -62,6 +62,7 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
             // The scores a view shows: −∞ where masked, and softmax of a row is the weights used.
             let mut sc = vec![f32::NAN; nh * total * total];
             attention_scores(isa, &mut sc, &q, 3 * c, &k_cache, dims(total, 0));
+            let sc_full = sc.clone();
             for (i, (g, w)) in sc.iter().zip(&want_scores).enumerate() {
                 let ok = if w.is_finite() {
                     (*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs())
@@ -81,6 +82,18 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
                 let mut one = vec![0.0; c];
                 attention(isa, &mut one, None, &q[p * 3 * c..], 3 * c, &k_cache, &v_cache, &mut scratch, dims(1, p));
                 assert_eq!(bits(&one), bits(&reference[p * c..(p + 1) * c]), "decode row {p} {}", isa.name());
+                // Its scores over the cache, and a chunk of two queries after p cached positions,
+                // are the rows of the full call's.
+                let t = (total - p).min(2);
+                let mut sc = vec![f32::NAN; nh * t * (p + t)];
+                attention_scores(isa, &mut sc, &q[p * 3 * c..], 3 * c, &k_cache, dims(t, p));
+                for h in 0..nh {
+                    for i in 0..t {
+                        let got = &sc[(h * t + i) * (p + t)..(h * t + i + 1) * (p + t)];
+                        let full = &sc_full[(h * total + p + i) * total..][..p + t];
+                        assert_eq!(bits(got), bits(full), "scores of query {} after {p} cached, {}", p + i, isa.name());
+                    }
+                }
             }
         }
     }

@@ -5,8 +5,9 @@
 use super::Trace;
 use crate::error::Result;
 use crate::kv_cache::{KvCache, KvPart};
-use crate::model::{Model, Scratch, Work};
+use crate::model::{Model, Scratch};
 use crate::tap::{NoTap, Point};
+use crate::work::Work;
 
 /// One forward call of a trace: the prefill (step 0) or a decode step.
 pub struct CacheStep {
@@ -19,10 +20,11 @@ pub struct CacheStep {
     pub uncached: Work,
     /// `weights[layer]`: `[NH, p + t]`, the call's last query over every key in the cache.
     pub weights: Vec<Vec<f32>>,
-    /// `scores[layer]`: `[NH, t, p + t]`, before the softmax, −∞ where masked.
-    pub scores: Vec<Vec<f32>>,
-    /// Whether the uncached run gave bit-identical K/V at every position and layer, and logits.
-    pub same_bits: bool,
+    /// The chosen layer's and head's scores before the softmax, `[t, p + t]`, −∞ where masked.
+    pub scores: Vec<f32>,
+    /// Whether the step run again without the cache gave bit-identical K/V at every position and
+    /// layer, and logits; None for the prefill, which is that computation already.
+    pub same_bits: Option<bool>,
 }
 
 /// The points a trace must record for [`cache_steps`].
@@ -30,28 +32,32 @@ pub fn wants(p: Point) -> bool {
     matches!(p, Point::AttnProbs(_) | Point::AttnScores(_) | Point::Logits)
 }
 
-/// Every call of `tr` (recorded with [`wants`]) as a [`CacheStep`]; runs each step again without
+/// Every call of `tr` (recorded with [`wants`]; its recordings are moved out, not copied) as a
+/// [`CacheStep`] with the scores of `layer`'s head `head`; runs each decode step again without
 /// the cache to compare.
-pub fn cache_steps(model: &Model, tr: &Trace) -> Result<Vec<CacheStep>> {
+pub fn cache_steps(model: &Model, tr: &mut Trace, layer: usize, head: usize) -> Result<Vec<CacheStep>> {
     let cfg = &model.config;
     let (nh, v) = (cfg.n_head, cfg.vocab_size);
     let mut out = Vec::new();
     let mut p = 0;
     let missing = |what: &str| crate::Error::Invalid(format!("the trace did not record {what}"));
-    for call in &tr.recorder.calls {
-        let scores: Vec<Vec<f32>> = (0..cfg.n_layer)
-            .map(|l| call.get(&Point::AttnScores(l)).map(|r| r.data.clone()).ok_or_else(|| missing("scores")))
-            .collect::<Result<_>>()?;
-        let t = call.get(&Point::AttnScores(0)).map_or(0, |r| r.shape[1]);
+    for mut call in std::mem::take(&mut tr.recorder.calls) {
+        let mut take = |point: Point, what: &str| call.remove(&point).ok_or_else(|| missing(what));
+        let sc = take(Point::AttnScores(layer), "scores")?;
+        let t = sc.shape[1];
         let n = p + t;
+        let scores = sc.data[head * t * n..(head + 1) * t * n].to_vec();
         let weights = (0..cfg.n_layer)
             .map(|l| {
-                let r = call.get(&Point::AttnProbs(l)).ok_or_else(|| missing("attention weights"))?;
+                let r = take(Point::AttnProbs(l), "attention weights")?;
                 Ok((0..nh).flat_map(|h| r.data[(h * t + t - 1) * n..(h * t + t) * n].iter().copied()).collect())
             })
             .collect::<Result<_>>()?;
-        let logits = call.get(&Point::Logits).ok_or_else(|| missing("logits"))?;
-        let same_bits = recomputed_matches(model, &tr.ids[..n], &tr.cache, &logits.data[logits.data.len() - v..])?;
+        let logits = take(Point::Logits, "logits")?.data;
+        let same_bits = match p {
+            0 => None,
+            _ => Some(recomputed_matches(model, &tr.ids[..n], &tr.cache, &logits[logits.len() - v..])?),
+        };
         out.push(CacheStep {
             p,
             t,

@@ -11,4 +11,3 @@ mod work;
 
 pub use gpt2::{Block, Conv1D, LayerNorm, Model};
 pub use rows::{Rows, Scratch, CHUNK_ROWS};
-pub use work::Work;

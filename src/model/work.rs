@@ -9,20 +9,8 @@
 //! vocabulary matrix when logits are wanted. K/V bytes are f32, as the cache holds them.
 
 use super::gpt2::Model;
+use crate::work::Work;
 use kvgpt_kernels::{WeightType, Q8_BLOCK, W8_BLOCK};
-
-/// The work of one forward call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Work {
-    /// Positions whose q, k, v (and everything after) the call computes.
-    pub positions: u64,
-    pub macs: u64,
-    pub weight_bytes: u64,
-    /// Bytes of cached keys and values attention reads (each query reads every earlier one).
-    pub kv_read_bytes: u64,
-    /// Bytes of keys and values the call writes into the cache.
-    pub kv_written_bytes: u64,
-}
 
 /// Bytes of a `[k, n]` matrix held as `ty`, without the panels' padding.
 fn matrix_bytes(k: usize, n: usize, ty: WeightType) -> u64 {

@@ -20,6 +20,8 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    pub const ALL: [StopReason; 3] = [StopReason::Differs, StopReason::CacheEnds, StopReason::LastToken];
+
     /// Its name in JSON and in metrics labels.
     pub fn label(self) -> &'static str {
         match self {

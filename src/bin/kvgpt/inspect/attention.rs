@@ -2,7 +2,7 @@
 //! fitted to the terminal's width, JSON, an SVG picture and an HTML viewer — one set of grids
 //! drawn in each format.
 
-use super::session::{do_export, write_text, Common, Select, Session};
+use super::session::{do_export, selected, write_text, Common, Select, Session};
 use crate::common::print_json;
 use crate::render;
 use crate::render::html::Viewer;
@@ -58,14 +58,6 @@ pub struct AttentionArgs {
     /// what it attends to on hover, and the heatmap.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
-}
-
-pub(super) fn selected(sel: Option<usize>, n: usize, what: &str) -> Result<Vec<usize>> {
-    match sel {
-        Some(i) if i >= n => bail!("--{what} {i} is out of range: the model has {n} {what}s (0..{})", n - 1),
-        Some(i) => Ok(vec![i]),
-        None => Ok((0..n).collect()),
-    }
 }
 
 /// `--query P` as a position of a sequence of `s`.

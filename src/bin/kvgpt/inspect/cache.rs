@@ -2,8 +2,7 @@
 //! each step wrote and read, its work against the same step without the cache, the scores
 //! before the softmax and the K/V values of a chosen head; as text, JSON, SVG and an HTML viewer.
 
-use super::attention::selected;
-use super::session::{do_export, write_text, Common, Session};
+use super::session::{do_export, selected, write_text, Common, Session};
 use crate::common::print_json;
 use crate::render;
 use crate::render::cache::{CacheView, Compare, Ratio, StepView};
@@ -12,7 +11,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::export::Named;
 use kvgpt::inspect::{cache_step_points, cache_steps, trace, TraceSpec};
-use kvgpt::model::Work;
+use kvgpt::work::Work;
 use kvgpt::{KvCache, KvPart};
 use std::path::PathBuf;
 
@@ -76,8 +75,8 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
     let layer = selected(a.layer, cfg.n_layer, "layer")?[0];
     let head = selected(a.head, nh, "head")?[0];
     let spec = TraceSpec { generate: a.generate, want: cache_step_points, all_logits: false, prefill: a.prefill };
-    let tr = trace(m, &s.ids, &spec)?;
-    let steps = cache_steps(m, &tr)?;
+    let mut tr = trace(m, &s.ids, &spec)?;
+    let steps = cache_steps(m, &mut tr, layer, head)?;
     if let Some(st) = a.step.filter(|&st| st >= steps.len()) {
         match steps.len() {
             1 => bail!(
@@ -107,7 +106,6 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
             .enumerate()
             .map(|(i, st)| {
                 let n = st.p + st.t;
-                let sc = &st.scores[layer][head * st.t * n..(head + 1) * st.t * n];
                 StepView {
                     step: i,
                     kind: if i == 0 { "prefill" } else { "decode" },
@@ -116,7 +114,11 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
                     work: compare(st.cached, st.uncached),
                     recomputed_same_bits: st.same_bits,
                     weights: st.weights.iter().map(|w| w.chunks(n).map(<[f32]>::to_vec).collect()).collect(),
-                    scores: sc.chunks(n).map(|row| row.iter().map(|&x| x.is_finite().then_some(x)).collect()).collect(),
+                    scores: st
+                        .scores
+                        .chunks(n)
+                        .map(|row| row.iter().map(|&x| x.is_finite().then_some(x)).collect())
+                        .collect(),
                 }
             })
             .collect(),

@@ -1,7 +1,7 @@
 //! The cache view's data (built by `inspect cache`, drawn by [`super::cache_term`],
 //! [`super::cache_svg`] and [`super::cache_html`]; `--json` prints it as it is).
 
-use kvgpt::model::Work;
+use kvgpt::work::Work;
 use serde::Serialize;
 
 /// The work of one step with and without the cache, and how many times more the second is.
@@ -29,8 +29,9 @@ pub struct StepView {
     /// Positions `[from, to)` this step computed and wrote.
     pub written: [usize; 2],
     pub work: Compare,
-    /// The step recomputed from an empty cache gave the same K/V and logits, bit for bit.
-    pub recomputed_same_bits: bool,
+    /// The step recomputed from an empty cache gave the same K/V and logits, bit for bit (null
+    /// for the prefill, which is that computation).
+    pub recomputed_same_bits: Option<bool>,
     /// `weights[layer][head][key]`: the step's last query over every key in the cache.
     pub weights: Vec<Vec<Vec<f32>>>,
     /// `scores[query][key]` of the chosen layer and head, before the softmax; `null` is −∞

@@ -5,14 +5,10 @@
 //! steps, the scores with the mask as −∞, and the K and V values of the chosen head.
 
 use super::cache::CacheView;
-use super::grid::{xml_escape, PALETTE};
+use super::grid::{xml_escape, PALETTE, READ, WRITTEN};
 use anyhow::Result;
 use serde_json::{json, Value};
 use std::fmt::Write as _;
-
-/// The colours of rows the page marks (the test reads them back from the screenshot).
-pub const WRITTEN: &str = "#f28e2b";
-pub const READ: &str = "#c9d6e3";
 
 /// Numbers in the page: five decimals (counts are integers and stay exact).
 fn round(v: &mut Value) {
@@ -52,7 +48,7 @@ pub fn html(v: &CacheView) -> Result<String> {
     out.push_str(
         "<div id=\"controls\">\n<button id=\"prev\">◀ step</button>\n\
          <input id=\"step\" type=\"range\" min=\"0\" value=\"0\"/>\n<button id=\"next\">step ▶</button>\n\
-         <label>Layer <select id=\"layer\"></select></label>\n<label>Head <select id=\"head\"></select></label>\n\
+         <label>Weights of layer <select id=\"layer\"></select></label>\n<label>head <select id=\"head\"></select></label>\n\
          <span id=\"readout\"></span>\n</div>\n<p id=\"summary\"></p>\n\
          <div id=\"work-row\"><table id=\"work\"></table><figure><figcaption>Multiply-adds without the cache ÷ \
          with it, per step (this step outlined)</figcaption><svg id=\"ratios\"></svg></figure></div>\n\

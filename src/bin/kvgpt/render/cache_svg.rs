@@ -5,8 +5,7 @@
 //! without the cache.
 
 use super::cache::CacheView;
-use super::cache_html::WRITTEN;
-use super::grid::{shade, xml_escape};
+use super::grid::{shade, xml_escape, WRITTEN};
 use std::fmt::Write as _;
 
 const CELL: f64 = 12.0;

@@ -152,11 +152,14 @@ pub fn print_steps(v: &CacheView, only: Option<usize>, dims: usize) -> anyhow::R
     for st in v.steps.iter().filter(|st| only.is_none_or(|o| o == st.step)) {
         outln!("\n{}", summary(v, st));
         let b = st.written[1];
-        outln!(
-            "  without the cache: {} run again from the start ({}same bits as with it)",
-            positions(0, b),
-            if st.recomputed_same_bits { "" } else { "NOT the " }
-        );
+        match st.recomputed_same_bits {
+            None => outln!("  without the cache: the same computation (a prefill starts from an empty cache)"),
+            Some(same) => outln!(
+                "  without the cache: {} run again from the start ({}same bits as with it)",
+                positions(0, b),
+                if same { "" } else { "NOT the " }
+            ),
+        }
         work_table(st)?;
         grid(v, st)?;
         scores(v, st)?;

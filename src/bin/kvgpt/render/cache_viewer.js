@@ -9,6 +9,14 @@
   const last = V.steps.length - 1;
   const state = { step: last, layer: V.layer, head: V.head };
   const ROW_H = 16, TOP = 22, TOK_W = 130, CELL_W = 22, W_W = 60;
+  // The scores and values panels draw the latest of a long run (--json has everything).
+  const SCORE_QUERIES = 24, SCORE_KEYS = 48, VALUE_ROWS = 64;
+  // The largest magnitude (a loop: spreading a prefill's T² scores into Math.max overflows the stack).
+  function maxAbs(rows) {
+    let m = 0;
+    for (const r of rows) for (const x of r) if (x !== null && Math.abs(x) > m) m = Math.abs(x);
+    return m;
+  }
 
   const rgbOf = (w) => kvgptRgb(P.palette, w); // white 0 → dark blue 1, as every picture
   const shade = (w) => "rgb(" + rgbOf(w).join(",") + ")";
@@ -97,18 +105,24 @@
     document.getElementById("scores-caption").textContent = "Scores before the softmax, layer " + V.layer +
       " head " + V.head + " (q·k/√" + V.head_dim + "; −∞ is the causal mask)";
     svg.replaceChildren();
-    const cw = 44, rows = st.scores.length;
-    svg.setAttribute("width", 50 + n * cw);
-    svg.setAttribute("height", TOP + rows * ROW_H + 6);
-    const max = Math.max(...st.scores.flat().filter((x) => x !== null).map(Math.abs));
-    for (let k = 0; k < n; k++) el("text", { x: 50 + k * cw + 4, y: 14 }, svg, String(k));
-    st.scores.forEach((row, qi) => {
-      const y = TOP + qi * ROW_H;
+    const cw = 44, q0 = Math.max(0, st.scores.length - SCORE_QUERIES), k0 = Math.max(0, n - SCORE_KEYS);
+    const shown = st.scores.slice(q0);
+    if (q0 > 0 || k0 > 0) {
+      document.getElementById("scores-caption").textContent += "; the latest " + shown.length + " queries × " +
+        (n - k0) + " keys (--json has them all)";
+    }
+    svg.setAttribute("width", 50 + (n - k0) * cw);
+    svg.setAttribute("height", TOP + shown.length * ROW_H + 6);
+    const max = maxAbs(shown);
+    for (let k = k0; k < n; k++) el("text", { x: 50 + (k - k0) * cw + 4, y: 14 }, svg, String(k));
+    shown.forEach((row, i) => {
+      const y = TOP + i * ROW_H, qi = q0 + i;
       el("text", { x: 2, y: y + 12 }, svg, "q" + (a + qi));
-      row.forEach((x, k) => {
-        const r = el("rect", { class: "score" + (x === null ? " masked" : ""), x: 50 + k * cw, y, width: cw, height: ROW_H,
+      row.slice(k0).forEach((x, j) => {
+        const k = k0 + j;
+        const r = el("rect", { class: "score" + (x === null ? " masked" : ""), x: 50 + j * cw, y, width: cw, height: ROW_H,
           fill: x === null ? "#d9d9d9" : diverging(x, max), "data-q": a + qi, "data-k": k, "data-s": x === null ? "-inf" : x }, svg);
-        el("text", { x: 50 + k * cw + 2, y: y + 12, "pointer-events": "none" }, svg, x === null ? "−∞" : x.toFixed(2));
+        el("text", { x: 50 + j * cw + 2, y: y + 12, "pointer-events": "none" }, svg, x === null ? "−∞" : x.toFixed(2));
         r.addEventListener("mouseenter", () => say("score of query " + (a + qi) + " on key " + k + ": " + (x === null ? "−∞ (masked)" : x)));
       });
     });
@@ -119,11 +133,13 @@
     document.getElementById("values-caption").textContent = "K (left) and V (right) of layer " + V.layer +
       " head " + V.head + ", one row per position; this step's rows outlined";
     svg.replaceChildren();
+    const p0 = Math.max(0, b - VALUE_ROWS);
+    if (p0 > 0) document.getElementById("values-caption").textContent += " (the latest " + (b - p0) + " positions)";
     svg.setAttribute("width", 40 + 2 * hs * cw + 20);
-    svg.setAttribute("height", TOP + b * ROW_H + 6);
-    const max = Math.max(...V.k.slice(0, b).flat().map(Math.abs), ...V.v.slice(0, b).flat().map(Math.abs));
-    for (let pos = 0; pos < b; pos++) {
-      const y = TOP + pos * ROW_H;
+    svg.setAttribute("height", TOP + (b - p0) * ROW_H + 6);
+    const max = Math.max(maxAbs(V.k.slice(p0, b)), maxAbs(V.v.slice(p0, b)));
+    for (let pos = p0; pos < b; pos++) {
+      const y = TOP + (pos - p0) * ROW_H;
       el("text", { x: 2, y: y + 12 }, svg, String(pos));
       [["K", V.k], ["V", V.v]].forEach(([part, m], j) => {
         const x0 = 40 + j * (hs * cw + 20);
@@ -163,9 +179,10 @@
   document.getElementById("next").addEventListener("click", () => go(state.step + 1));
   document.getElementById("layer").addEventListener("change", (e) => { state.layer = +e.target.value; draw(); });
   document.getElementById("head").addEventListener("change", (e) => { state.head = +e.target.value; draw(); });
+  // A linked view: only this page's own keys, and only whole numbers (clamped below).
   for (const kv of location.hash.slice(1).split("&")) {
     const [k, v] = kv.split("=");
-    if (k in state && v !== "" && !isNaN(+v)) state[k] = +v;
+    if (Object.hasOwn(state, k) && v !== "" && Number.isInteger(+v)) state[k] = +v;
   }
   state.step = Math.max(0, Math.min(last, state.step));
   state.layer = Math.max(0, Math.min(V.n_layer - 1, state.layer));

@@ -29,6 +29,11 @@ impl Grid {
     }
 }
 
+/// The cache view's marks: a row the step wrote (or, without the cache, ran again), and a row
+/// read from the cache.
+pub const WRITTEN: &str = "#f28e2b";
+pub const READ: &str = "#c9d6e3";
+
 /// The colour scale every format uses: ColorBrewer's 9-step "Blues", from white (weight 0) to
 /// dark blue (weight 1), interpolated linearly. The HTML viewer's script gets these same stops.
 pub const PALETTE: [[u8; 3]; 9] = [

@@ -9,7 +9,7 @@
 
 use kvgpt::engine::{Ending, Gauges, Monitor, Usage};
 use kvgpt::kv_events::BlockEvent;
-use kvgpt::prefix_cache::Change;
+use kvgpt::prefix_cache::{Change, StopReason};
 use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::sync::{Arc, Mutex};
@@ -69,15 +69,16 @@ impl Metrics {
             metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
             metrics::describe_histogram!(
                 REUSE_STOP,
-                "the prompt position where reuse of the prompt cache stopped, per sequence (0: nothing reused)"
+                "the prompt position where reuse of the prompt cache stopped, one observation per sequence (each of a \
+                 request's n choices looks the cache up on its own; 0: nothing reused)"
             );
             metrics::describe_counter!(
                 "kvgpt_prompt_cache_stops_total",
                 "why reuse of the prompt cache stopped: differs (a token differs from the cached one), cache_ends \
                  (nothing cached past the prefix), last_token (all but the last token reused)"
             );
-            for reason in ["differs", "cache_ends", "last_token"] {
-                counter!("kvgpt_prompt_cache_stops_total", "reason" => reason).absolute(0);
+            for reason in StopReason::ALL {
+                counter!("kvgpt_prompt_cache_stops_total", "reason" => reason.label()).absolute(0);
             }
             metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
             metrics::describe_gauge!("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)");
