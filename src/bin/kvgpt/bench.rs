@@ -255,13 +255,13 @@ fn print_csv(rows: &[RowReport]) -> Result<()> {
 fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
     let load_ms = h.load_ms;
     outln!(
-        "kvgpt bench — {} ({} layers, n_embd {}, {} heads) | dtype {} | {} threads | isa {} | cpu {} | git {}",
+        "kvgpt bench — {} ({}, n_embd {}, {}) | dtype {} | {} | isa {} | cpu {} | git {}",
         h.model,
-        h.n_layer,
+        crate::out::count(h.n_layer, "layer"),
         h.n_embd,
-        h.n_head,
+        crate::out::count(h.n_head, "head"),
         h.dtype,
-        h.threads,
+        crate::out::count(h.threads, "thread"),
         h.isa,
         h.cpu_features.join(" "),
         h.git,

@@ -5,6 +5,7 @@ use crate::common::{
     SamplingArgs,
 };
 use crate::draft::DraftArgs;
+use crate::out::count;
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::stop::TextStream;
@@ -244,18 +245,18 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     }
     // Each step's figure includes choosing its token (see `Timings`); sampling is also shown alone.
     errln!(
-        "[kvgpt] load {load_ms:.0} ms | prefill {} tokens {prefill_ms:.1} ms ({:.0} tok/s) | decode {} tokens \
-         {:.2} ms/token ({:.1} tok/s) | sampling {:.3} ms/token | {} | {} | {} {} threads {} | finish: {}",
-        t.prefill_tokens,
+        "[kvgpt] load {load_ms:.0} ms | prefill {} {prefill_ms:.1} ms ({:.0} tok/s) | decode {} \
+         {:.2} ms/token ({:.1} tok/s) | sampling {:.3} ms/token | {} | {} | {} {} {} | finish: {}",
+        count(t.prefill_tokens, "token"),
         t.prefill_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
-        t.decode_steps,
+        count(t.decode_steps, "token"),
         t.decode_ms_per_token(),
         t.decode_tokens_per_s(),
         t.sample_ms_per_token(),
         if opts.use_cache { "KV cache on" } else { "KV cache off (recompute)" },
         sampler_words(&opts.sampling),
         model.weights_dtype(),
-        rayon::current_num_threads(),
+        count(rayon::current_num_threads(), "thread"),
         model.isa().name(),
         g.finish_reason.as_str(),
     );
@@ -271,7 +272,7 @@ pub fn tokenize(a: &Input) -> Result<Outcome> {
     if a.json {
         print_json(&json!({ "ids": ids, "tokens": tokens, "pieces": pieces }))?;
     } else {
-        outln!("{} tokens", ids.len());
+        outln!("{}", count(ids.len(), "token"));
         for (id, p) in ids.iter().zip(&pieces) {
             outln!("{id:>6}  {:<20} {p}", format!("{:?}", tok.token_label(*id)));
         }

@@ -11,6 +11,15 @@ pub fn error(e: std::io::Error) -> anyhow::Error {
     StdoutError(e).into()
 }
 
+/// `n` and `word`, plural unless `n` is 1: `count(1, "token")` is "1 token".
+pub fn count(n: usize, word: &str) -> String {
+    if n == 1 {
+        format!("1 {word}")
+    } else {
+        format!("{n} {word}s")
+    }
+}
+
 pub fn text(args: std::fmt::Arguments) -> anyhow::Result<()> {
     std::io::stdout().lock().write_fmt(args).map_err(error)
 }

@@ -2,6 +2,7 @@
 
 use super::session::Session;
 use crate::common::{load, prompt_ids, read_prompt, ModelArgs, Outcome, PromptArgs};
+use crate::out::count;
 use anyhow::{Context, Result};
 use clap::Args;
 use kvgpt::inspect::{trace, Trace, TraceSpec};
@@ -37,7 +38,7 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
     let last = t - 1;
 
     outln!("A forward pass of {} on {:?}, step by step, with the engine's real numbers.\n", s.loaded.files.name, text);
-    outln!("1. Text → tokens → ids. The GPT-2 byte-level BPE tokenizer splits the text into {t} tokens:");
+    outln!("1. Text → tokens → ids. The GPT-2 byte-level BPE tokenizer splits the text into {}:", count(t, "token"));
     for (i, &id) in s.ids.iter().enumerate() {
         outln!("     position {i:>3}: id {id:>6}  {:?}", s.label(id));
     }
@@ -84,10 +85,12 @@ pub fn explain(a: &ExplainArgs) -> Result<Outcome> {
     outln!("     gelu(c_fc)[{last}] = {}  (1, {t}, {f})", first(&get(Point::MlpAct(0))[last * f..][..f], 6));
     outln!("     x after layer 0[{last}] = {}\n", first(&get(Point::Block(0))[last * c..][..c], 6));
 
-    outln!(
-        "4. The same for layers 1 to {}. Then ln_f, and the logits are ln_f(x) · wteᵀ (the vocabulary projection",
-        nl - 1
-    );
+    let rest = match nl {
+        1 => "4. There is no other layer".to_string(),
+        2 => "4. The same for layer 1".to_string(),
+        _ => format!("4. The same for layers 1 to {}", nl - 1),
+    };
+    outln!("{rest}. Then ln_f, and the logits are ln_f(x) · wteᵀ (the vocabulary projection");
     outln!("   reuses the token embedding): shape (1, {t}, {v}). For the last position:");
     let logits_row = &pre.get(&Point::Logits).context("no logits recorded")?.data;
     let (top, entropy) = top_k(logits_row, 5);

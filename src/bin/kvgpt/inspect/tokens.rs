@@ -43,7 +43,11 @@ impl TokensView {
 
     fn print(&self) -> Result<()> {
         let total = self.offsets.last().map_or(0, |o| o[1]);
-        outln!("{} tokens, {} bytes (offsets are byte ranges of the UTF-8 text)", self.ids.len(), total);
+        outln!(
+            "{}, {} (offsets are byte ranges of the UTF-8 text)",
+            crate::out::count(self.ids.len(), "token"),
+            crate::out::count(total, "byte")
+        );
         outln!("{:>4} {:>6}  {:<10} {:<22} {:<16} bytes", "pos", "id", "offsets", "text", "piece");
         for (i, id) in self.ids.iter().enumerate() {
             let hex: Vec<String> = self.bytes[i].iter().map(|b| format!("{b:02x}")).collect();

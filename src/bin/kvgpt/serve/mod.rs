@@ -239,15 +239,15 @@ async fn serve(a: &ServeArgs) -> Result<()> {
     let draft_memory =
         if draft_weights > 0 { format!(" + draft weights {:.1} MB", mb(draft_weights)) } else { String::new() };
     tracing::info!(
-        "{} ready on http://{local} | {} positions | {} threads, {} kernels, {} weights{draft} | memory: weights \
-         {:.1} MB{draft_memory} + K/V of {} slots ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
+        "{} ready on http://{local} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights \
+         {:.1} MB{draft_memory} + K/V of {} ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
         loaded.files.name,
         cfg.n_positions,
-        threads,
+        crate::out::count(threads, "thread"),
         model.isa().name(),
         model.weights_dtype(),
         mb(weights),
-        a.parallel,
+        crate::out::count(usize::from(a.parallel), "slot"),
         mb(kv_limit),
         mb(cache_bytes),
         mb(weights + draft_weights + kv_limit + cache_bytes)
