@@ -20,6 +20,8 @@ pub struct Info {
     pub kv_cache: KvFacts,
     pub tokenizer: TokenizerFacts,
     pub kernels: KernelFacts,
+    /// For a GGUF file: its version, architecture, tensor types and metadata (null otherwise).
+    pub gguf: Option<weights::gguf::GgufFacts>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -78,7 +80,11 @@ pub struct KernelFacts {
 
 /// Describes the model in `files`, checking its weights file's header against its config.
 pub fn describe(files: &ModelFiles) -> Result<Info> {
-    let (cfg, _weights) = Weights::open(&files.config, &files.weights)?;
+    let (cfg, weights) = Weights::open(&files.config, &files.weights)?;
+    let gguf = match &weights {
+        Weights::Gguf(g) => Some(g.facts()),
+        _ => None,
+    };
     let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
     let weights_file_bytes = std::fs::metadata(&files.weights).map(|m| m.len()).unwrap_or(0);
     let parameters = weights::expected(&cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum();
@@ -120,5 +126,6 @@ pub fn describe(files: &ModelFiles) -> Result<Info> {
             available: Isa::available().iter().map(|i| i.name()).collect(),
             cpu_features: kvgpt_kernels::cpu_features(),
         },
+        gguf,
     })
 }

@@ -6,12 +6,14 @@
 //! they are transposed back here. Q8_0 blocks (an f16 scale and 32 int8 values along a row)
 //! are widened to f32 exactly (`d · q`); an F32 GGUF gives the safetensors source's bits.
 
+mod facts;
 pub use super::gguf_header::Value;
 use super::gguf_header::{describe, ggml_type_name, Bad, Cursor};
 use super::names;
 use super::read::read_at;
 use crate::config::Config;
 use crate::error::{Error, Result};
+pub use facts::GgufFacts;
 use half::{bf16, f16};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -75,6 +77,9 @@ struct TensorInfo {
 /// An open GGUF file: its metadata and where its tensors are.
 pub struct Gguf {
     file: PathBuf,
+    /// The GGUF version (2 or 3).
+    version: u32,
+    file_bytes: u64,
     f: File,
     pub meta: BTreeMap<String, Value>,
     tensors: BTreeMap<String, TensorInfo>,
@@ -91,7 +96,8 @@ impl Gguf {
         read_at(&f, &mut head, 0).map_err(|e| Error::io(path, e))?;
         let mut c = Cursor { b: &head, at: 0 };
         let unsupported = |reason: String| Error::UnsupportedGguf { file: path.into(), reason };
-        let parse = |c: &mut Cursor| -> std::result::Result<_, Bad> {
+        let mut found_version = 0;
+        let mut parse = |c: &mut Cursor| -> std::result::Result<_, Bad> {
             if c.take(4)? != MAGIC {
                 return Err("it does not start with GGUF".to_string().into());
             }
@@ -99,6 +105,7 @@ impl Gguf {
             if !(2..=3).contains(&version) {
                 return Err(Bad::Unsupported(format!("it is GGUF version {version}; kvgpt reads versions 2 and 3")));
             }
+            found_version = version;
             let (n_tensors, n_kv) = (c.u64()?, c.u64()?);
             if n_tensors > MAX_TENSORS || n_kv > MAX_TENSORS {
                 return Err(format!("{n_tensors} tensors and {n_kv} metadata keys").into());
@@ -148,7 +155,7 @@ impl Gguf {
                 return Err(corrupt(format!("tensor `{name}` lies beyond the end of the file")));
             }
         }
-        Ok(Gguf { file: path.into(), f, meta, tensors, data_start })
+        Ok(Gguf { file: path.into(), version: found_version, file_bytes: len, f, meta, tensors, data_start })
     }
 
     fn int(&self, key: &str) -> Result<usize> {

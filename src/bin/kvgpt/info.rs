@@ -25,13 +25,34 @@ pub fn run(a: &InfoArgs) -> Result<Outcome> {
     let c = &info.config;
     let chosen = a.model.dtype.weight_type().name();
     outln!("model      {}", info.name);
-    outln!(
-        "files      {} ({}), {}",
-        info.files.weights,
-        bytes(info.files.weights_file_bytes as usize),
-        info.files.config
-    );
-    outln!("tokenizer  {}", info.files.tokenizer.join(", "));
+    match &info.gguf {
+        // One file holds the weights, the config and the tokenizer: said once, with its header.
+        Some(g) => {
+            let types: Vec<String> = g.tensor_types.iter().map(|(t, n)| format!("{n} {t}")).collect();
+            outln!(
+                "file       {} ({}): GGUF version {}, architecture {}, {} ({}), {}",
+                info.files.weights,
+                bytes(g.file_bytes as usize),
+                g.version,
+                g.architecture.as_deref().unwrap_or("not given"),
+                crate::out::count(g.tensors, "tensor"),
+                types.join(", "),
+                crate::out::count(g.metadata_keys, "metadata key")
+            );
+            for (i, (k, v)) in g.metadata.iter().enumerate() {
+                outln!("{:<10} {k} = {v}", if i == 0 { "metadata" } else { "" });
+            }
+        }
+        None => {
+            outln!(
+                "files      {} ({}), {}",
+                info.files.weights,
+                bytes(info.files.weights_file_bytes as usize),
+                info.files.config
+            );
+            outln!("tokenizer  {}", info.files.tokenizer.join(", "));
+        }
+    }
     outln!(
         "shape      {} layers, {} heads × {} = {} channels, MLP {}, vocabulary {}, context {} positions",
         c.n_layer,
