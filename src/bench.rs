@@ -174,7 +174,7 @@ impl Runner<'_> {
                 Ok((made as f64 / total, steps, stats))
             }
             Test::Batched { prompt, gen, batch } => {
-                let full = self.model.config.n_positions - 1;
+                let full = self.model.config.n_positions; // a cache of every position: each step is fed
                 while self.batch.len() < batch {
                     self.batch.push(Sequence::new(self.model, &[0], full, Sampling::GREEDY)?);
                 }
@@ -252,7 +252,7 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         model,
         // One sequence with room for the whole context, restarted for every run: its cache's
         // pages are touched by the warm-up, not inside a timed run.
-        seq: Sequence::new(model, &[0], cfg.n_positions - 1, Sampling::GREEDY)?,
+        seq: Sequence::new(model, &[0], cfg.n_positions, Sampling::GREEDY)?,
         scratch: Scratch::new(cfg, max_rows.min(CHUNK_ROWS)),
         batch: vec![],
         sampler: spec.sampling.map(|s| Sampler::with_isa(s, cfg.vocab_size, model.isa())),

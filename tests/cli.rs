@@ -349,7 +349,26 @@ fn bench_reports_every_row_in_every_format() {
     let out = kvgpt(&["bench", "--model", &m, "-p", "0"], None);
     assert_eq!(out.status.code(), Some(1));
     let out = kvgpt(&["bench", "--model", &m, "-p", "100", "-n", "100"], None);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds the model's 128 positions"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-p 100 with -n 100 needs 200 positions, and the model has 128: lower -p or -n"), "{err}");
+}
+
+#[test]
+fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
+    // llama-bench's -m; the defaults (-p 4,128,512 -n 128) clipped to the fixture's 128 positions,
+    // with a note; every position of the context usable; no progress line rewritten in a file.
+    let m = model();
+    let out = kvgpt(&["bench", "-m", &m, "-r", "1", "--probe-mib", "0", "--no-uncached", "-o", "json"], None);
+    let (json, err) = ok(&out);
+    assert!(err.contains("the defaults (-p 4,128,512 -n 128) clipped to the model's 128 positions: -p 4 -n 124"));
+    assert!(!err.contains('\r'), "{err:?}");
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let tests: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp4", "tg124"]);
+    // One repetition has no spread: the table says so instead of "0.0".
+    let (md, _) = ok(&kvgpt(&["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0"], None));
+    let row = md.lines().find(|l| l.starts_with("| pp4 |")).unwrap();
+    assert_eq!(row.split('|').nth(5).unwrap().trim(), "–", "{row}");
 }
 
 #[test]

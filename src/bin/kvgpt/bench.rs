@@ -12,12 +12,13 @@ use std::time::Instant;
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt lengths (comma-separated): a prefill row each, and the contexts of the decode rows.
-    #[arg(short = 'p', long = "prompts", value_delimiter = ',', default_value = "4,128,512")]
-    pub prompts: Vec<usize>,
-    /// Generation lengths (comma-separated) of the decode rows.
-    #[arg(short = 'n', long = "gen", value_delimiter = ',', default_value = "128")]
-    pub gens: Vec<usize>,
+    /// Prompt lengths (comma-separated): a prefill row each, and the contexts of the decode rows
+    /// [default: 4,128,512, as fit the model's context]
+    #[arg(short = 'p', long = "prompts", value_delimiter = ',')]
+    pub prompts: Option<Vec<usize>>,
+    /// Generation lengths (comma-separated) of the decode rows [default: 128, as fits]
+    #[arg(short = 'n', long = "gen", value_delimiter = ',')]
+    pub gens: Option<Vec<usize>>,
     /// Timed repetitions per row (after one warm-up).
     #[arg(short = 'r', long = "reps", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
@@ -51,10 +52,42 @@ pub enum Format {
     Csv,
 }
 
-pub fn run(a: &BenchArgs) -> Result<Outcome> {
-    if a.prompts.iter().chain(&a.gens).any(|&x| x == 0) {
+const DEFAULT_PROMPTS: [usize; 3] = [4, 128, 512];
+const DEFAULT_GEN: usize = 128;
+
+/// The prompt and generation lengths: the ones given, each prompt with each length checked
+/// against the model's `np` positions; or the defaults, clipped to fit with a note saying so.
+fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
+    let (p, n) = (a.prompts.clone(), a.gens.clone());
+    if p.iter().chain(&n).flatten().any(|&x| x == 0) {
         bail!("-p and -n take positive lengths, e.g. -p 4,128,512 -n 128");
     }
+    let prompts = p.clone().unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| x < np).collect());
+    let longest = prompts.iter().copied().max().unwrap_or(0);
+    let gens = n.clone().unwrap_or_else(|| vec![DEFAULT_GEN.min(np.saturating_sub(longest))]);
+    if let Some((pl, nl)) = prompts.iter().flat_map(|&x| gens.iter().map(move |&y| (x, y))).find(|&(x, y)| x + y > np) {
+        bail!(
+            "-p {pl} with -n {nl} needs {} positions, and the model has {np}: lower -p or -n so that each prompt \
+             length plus each generation length is at most {np}",
+            pl + nl
+        );
+    }
+    if p.is_none() || n.is_none() {
+        let (dp, dn) = (DEFAULT_PROMPTS.map(|x| x.to_string()).join(","), DEFAULT_GEN);
+        if p.is_none() && prompts != DEFAULT_PROMPTS || n.is_none() && gens != [DEFAULT_GEN] {
+            let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+            errln!(
+                "[kvgpt bench] the defaults (-p {dp} -n {dn}) clipped to the model's {np} positions: -p {} -n {} \
+                 (choose with -p and -n)",
+                list(&prompts),
+                list(&gens)
+            );
+        }
+    }
+    Ok((prompts, gens))
+}
+
+pub fn run(a: &BenchArgs) -> Result<Outcome> {
     if a.batches.iter().any(|&b| b == 0 || b > 256) {
         bail!("--batch takes batch sizes from 1 to 256, e.g. --batch 1,8,16");
     }
@@ -65,11 +98,12 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let m = &loaded.model;
     let cfg = &m.config;
+    let (prompts, gens) = lengths(a, cfg.n_positions)?;
     let sampling = a.sampling.sampling()?;
     let drafting = a.draft.load(&a.model, &loaded)?;
     let spec = BenchSpec {
-        prompts: a.prompts.clone(),
-        gens: a.gens.clone(),
+        prompts,
+        gens,
         reps: a.reps as usize,
         uncached: !a.no_uncached,
         batches: a.batches.clone(),
@@ -78,15 +112,22 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     };
     let total = kvgpt::bench::tests(&spec).len() * spec.reps;
     let mut done = 0;
+    // Progress on one line rewritten in place on a terminal; a log file gets one line at the end.
+    let live = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = Instant::now();
     let rows = kvgpt::bench::run(m, &spec, &mut |t, rep| {
         done += 1;
-        {
+        if live {
             use std::io::Write as _;
             let _ =
                 write!(std::io::stderr(), "\r[kvgpt bench] {done}/{total} runs ({} rep {})        ", t.name(), rep + 1);
         }
     })?;
-    errln!();
+    if live {
+        errln!();
+    } else {
+        errln!("[kvgpt bench] {total} runs in {:.1} s", started.elapsed().as_secs_f64());
+    }
     let rss = peak_rss_bytes().unwrap_or(0);
     let bw = if a.probe_mib > 0 { probe_read_bandwidth(probe_bytes, 3)? } else { 0.0 };
     let threads = rayon::current_num_threads();
@@ -281,13 +322,14 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
     outln!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in reports {
         let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_default();
+        // One repetition has no spread to show.
+        let sd = if r.reps > 1 { format!("{:.1}", r.tok_s_sd) } else { "–".to_string() };
         outln!(
-            "| {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {:.1} | {sd} | {:.2} | {:.2} | {:.2} | {} | {} |",
             r.test,
             r.prompt_tokens,
             r.mode,
             r.tok_s_avg,
-            r.tok_s_sd,
             r.p50_ms,
             r.p90_ms,
             r.p99_ms,

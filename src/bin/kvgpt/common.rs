@@ -10,8 +10,9 @@ use std::path::PathBuf;
 /// Where the model comes from and how many threads run it.
 #[derive(Args, Clone)]
 pub struct ModelArgs {
-    /// A model folder (config.json, model.safetensors, tokenizer.json) or a Hugging Face Hub id.
-    #[arg(long, default_value = hub::DEFAULT_MODEL)]
+    /// A model folder (config.json, model.safetensors, tokenizer.json), a GGUF file or a Hugging
+    /// Face Hub id (-m as llama.cpp's tools take it).
+    #[arg(long, short = 'm', default_value = hub::DEFAULT_MODEL)]
     pub model: String,
     /// Use only the local Hugging Face cache, never the network (also: HF_HUB_OFFLINE=1).
     #[arg(long)]
