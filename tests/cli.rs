@@ -350,7 +350,8 @@ fn bench_reports_every_row_in_every_format() {
     assert_eq!(out.status.code(), Some(1));
     let out = kvgpt(&["bench", "--model", &m, "-p", "100", "-n", "100"], None);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("-p 100 with -n 100 needs 200 positions, and the model has 128: lower -p or -n"), "{err}");
+    assert!(err.contains("-p 100 with -n 100 does not fit the model's 128 positions: lower -p or -n"), "{err}");
+    assert!(err.contains("(with -p 100, -n at most 28)"), "{err}");
 }
 
 #[test]

@@ -283,7 +283,7 @@ fn huge_numbers_are_errors_not_panics() {
     fails_with(
         &kvgpt(&["bench", "--model", &m, "-p", "4", "-n", &max, "-r", "1"]),
         1,
-        &["exceeds the model's 128 positions", "hint: shorten the prompt or lower -n to at most 124"],
+        &["does not fit the model's 128 positions", "(with -p 4, -n at most 124)"],
     );
     fails_with(&kvgpt(&["bench", "--model", &m, "--probe-mib", "17592186044415"]), 2, &["--probe-mib", "0..=65536"]);
     fails_with(

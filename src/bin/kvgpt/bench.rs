@@ -65,11 +65,15 @@ fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
     let prompts = p.clone().unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| x < np).collect());
     let longest = prompts.iter().copied().max().unwrap_or(0);
     let gens = n.clone().unwrap_or_else(|| vec![DEFAULT_GEN.min(np.saturating_sub(longest))]);
-    if let Some((pl, nl)) = prompts.iter().flat_map(|&x| gens.iter().map(move |&y| (x, y))).find(|&(x, y)| x + y > np) {
+    let pairs = prompts.iter().flat_map(|&x| gens.iter().map(move |&y| (x, y)));
+    if let Some((pl, nl)) = pairs.into_iter().find(|&(x, y)| x.saturating_add(y) > np) {
+        let at_most = match np.checked_sub(pl) {
+            Some(room) if room > 0 => format!(" (with -p {pl}, -n at most {room})"),
+            _ => format!(" (-p at most {})", np - 1),
+        };
         bail!(
-            "-p {pl} with -n {nl} needs {} positions, and the model has {np}: lower -p or -n so that each prompt \
-             length plus each generation length is at most {np}",
-            pl + nl
+            "-p {pl} with -n {nl} does not fit the model's {np} positions: lower -p or -n so that each prompt \
+             length plus each generation length is at most {np}{at_most}"
         );
     }
     if p.is_none() || n.is_none() {
