@@ -78,6 +78,11 @@ pub struct KernelFacts {
     pub cpu_features: Vec<&'static str>,
 }
 
+/// Learned parameters of a `cfg` model: the tensors the config implies, `wte` counted once (tied).
+pub fn parameters(cfg: &crate::Config) -> usize {
+    weights::expected(cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum()
+}
+
 /// Describes the model in `files`, checking its weights file's header against its config.
 pub fn describe(files: &ModelFiles) -> Result<Info> {
     let (cfg, weights) = Weights::open(&files.config, &files.weights)?;
@@ -87,7 +92,7 @@ pub fn describe(files: &ModelFiles) -> Result<Info> {
     };
     let tokenizer = Tokenizer::from_files(&files.tokenizer)?;
     let weights_file_bytes = std::fs::metadata(&files.weights).map(|m| m.len()).unwrap_or(0);
-    let parameters = weights::expected(&cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum();
+    let parameters = parameters(&cfg);
     let per_token = KvCache::bytes_per_position(&cfg);
     Ok(Info {
         name: files.name.clone(),

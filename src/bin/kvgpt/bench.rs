@@ -149,6 +149,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         git: env!("KVGPT_GIT_REV"),
         load_ms,
         weight_bytes,
+        parameters: kvgpt::info::parameters(cfg),
         kv_cache_bytes: kv_bytes,
         peak_rss_bytes: rss,
         read_bandwidth_gb_s: bw,
@@ -177,6 +178,7 @@ struct Header {
     git: &'static str,
     load_ms: f64,
     weight_bytes: usize,
+    parameters: usize,
     kv_cache_bytes: usize,
     peak_rss_bytes: u64,
     read_bandwidth_gb_s: f64,
@@ -185,6 +187,12 @@ struct Header {
 /// One row of the report, as the table, JSON and CSV show it.
 #[derive(Serialize)]
 struct RowReport<'a> {
+    /// What llama-bench's rows say of the model: its name, the bytes of its weights as held, its
+    /// parameters, and where it runs.
+    model: &'a str,
+    model_size_bytes: usize,
+    model_params: usize,
+    backend: &'static str,
     test: String,
     mode: &'static str,
     prompt_tokens: usize,
@@ -233,6 +241,10 @@ impl<'a> RowReport<'a> {
             Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
         };
         RowReport {
+            model: &h.model,
+            model_size_bytes: h.weight_bytes,
+            model_params: h.parameters,
+            backend: "CPU",
             test: r.test.name(),
             mode,
             prompt_tokens: prompt,
@@ -265,12 +277,15 @@ impl<'a> RowReport<'a> {
 fn print_csv(rows: &[RowReport]) -> Result<()> {
     outln!(
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
-         weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step"
+         weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step,model,model_size_bytes,\
+         model_params,backend"
     );
+    // The model's name may hold a comma or a quote: quoted as CSV quotes a field.
+    let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         outln!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.test,
             r.mode,
             r.prompt_tokens,
@@ -291,7 +306,11 @@ fn print_csv(rows: &[RowReport]) -> Result<()> {
             r.sampler,
             r.draft.unwrap_or(""),
             opt(r.acceptance),
-            opt(r.tokens_per_step)
+            opt(r.tokens_per_step),
+            quoted(r.model),
+            r.model_size_bytes,
+            r.model_params,
+            r.backend
         );
     }
     Ok(())
@@ -322,14 +341,22 @@ fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
         "A decode step is timed from choosing its token (greedy, or the sampler on sampled rows) through its \
          forward pass; a prefill row times its forward pass; tokenization is excluded (synthetic ids).\n"
     );
-    outln!("| test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | p99 ms | TTFT ms | weights GB/s |");
-    outln!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    outln!(
+        "| model | size | params | backend | threads | test | prompt | mode | tok/s | ± sd | p50 ms | p90 ms | \
+         p99 ms | TTFT ms | weights GB/s |"
+    );
+    outln!("|---|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in reports {
         let opt = |x: Option<f64>| x.map(|v| format!("{v:.1}")).unwrap_or_default();
         // One repetition has no spread to show.
         let sd = if r.reps > 1 { format!("{:.1}", r.tok_s_sd) } else { "–".to_string() };
         outln!(
-            "| {} | {} | {} | {:.1} | {sd} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {} | {} | {:.1} | {sd} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            r.model,
+            r.model_size_bytes as f64 / 1048576.0,
+            r.model_params as f64 / 1e6,
+            r.backend,
+            r.threads,
             r.test,
             r.prompt_tokens,
             r.mode,
