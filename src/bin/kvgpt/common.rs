@@ -17,9 +17,9 @@ pub struct ModelArgs {
     /// Use only the local Hugging Face cache, never the network (also: HF_HUB_OFFLINE=1).
     #[arg(long)]
     pub offline: bool,
-    /// Worker threads for the kernels (default: one per core).
-    #[arg(long, short = 't', value_parser = clap::value_parser!(u16).range(1..=1024))]
-    pub threads: Option<u16>,
+    /// Worker threads for the kernels (default: one per core); bench takes a comma-separated list.
+    #[arg(long, short = 't', value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Vec<u16>,
     /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic); q8
     /// (int8 weights with an f32 scale per row and 32 columns, f32 activations and arithmetic);
     /// or w8a8 (int8 weights with a scale per column and 32 rows, times activations quantized to
@@ -81,13 +81,29 @@ pub enum Outcome {
     CheckFailed,
 }
 
-/// Runs `f` inside a rayon pool of the requested size (no global state is changed).
-pub fn with_threads<T: Send>(m: &ModelArgs, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+impl ModelArgs {
+    /// The one thread count asked for (None: one per core); a list is bench's alone.
+    pub fn thread_count(&self) -> Result<Option<usize>> {
+        match self.threads[..] {
+            [] => Ok(None),
+            [n] => Ok(Some(usize::from(n))),
+            _ => anyhow::bail!("-t takes one thread count here (a comma-separated list is for bench)"),
+        }
+    }
+}
+
+/// Runs `f` inside a rayon pool of `threads` (None: one per core); no global state is changed.
+pub fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = m.threads {
-        b = b.num_threads(n as usize);
+    if let Some(n) = threads {
+        b = b.num_threads(n);
     }
     b.build().context("could not start the worker threads")?.install(f)
+}
+
+/// Runs `f` inside a rayon pool of the requested size.
+pub fn with_threads<T: Send>(m: &ModelArgs, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    in_pool(m.thread_count()?, f)
 }
 
 pub fn locate(m: &ModelArgs) -> Result<kvgpt::ModelFiles> {

@@ -141,7 +141,7 @@ fn run(cli: Cli) -> Result<Outcome> {
             with_threads(&m, || inspect::run(c))
         }
         Cmd::Explain(a) => with_threads(&a.model, || inspect::explain(&a)),
-        Cmd::Bench(a) => with_threads(&a.model, || bench::run(&a)),
+        Cmd::Bench(a) => bench::run(&a), // a pool per thread count of -t
         Cmd::Score(a) => with_threads(&a.model, || score::run(&a)),
         Cmd::Info(a) => info::run(&a),
         Cmd::Verify(c) => {

@@ -183,8 +183,8 @@ async fn serve(a: &ServeArgs) -> Result<()> {
 
     // Load while the listener already answers /health with 503.
     let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kvgpt-kernel-{i}"));
-    if let Some(n) = a.model.threads {
-        pool = pool.num_threads(n as usize);
+    if let Some(n) = a.model.thread_count()? {
+        pool = pool.num_threads(n);
     }
     let pool = pool.build().context("could not start the worker threads")?;
     let (model_args, draft_args) = (a.model.clone(), a.draft.clone());

@@ -1,192 +1,33 @@
-//! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached, greedy
-//! against sampled, plain against speculative.
+//! `kvgpt bench`'s report: what the run was, one row per test as the table, JSON and CSV show
+//! it, and the tables that compare rows (cached against uncached, sampled, drafted, batched).
 
-use crate::common::{load, print_json, sampler_words, ModelArgs, Outcome, SamplingArgs};
-use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
-use kvgpt::bench::{mean_sd, peak_rss_bytes, percentile, probe_read_bandwidth, BenchSpec, Row, Test};
+use anyhow::Result;
+use kvgpt::bench::{mean_sd, percentile, Row, Test};
 use serde::Serialize;
-use std::time::Instant;
-
-#[derive(Args)]
-pub struct BenchArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Prompt lengths (comma-separated): a prefill row each, and the contexts of the decode rows
-    /// [default: 4,128,512, as fit the model's context]
-    #[arg(short = 'p', long = "prompts", value_delimiter = ',')]
-    pub prompts: Option<Vec<usize>>,
-    /// Generation lengths (comma-separated) of the decode rows [default: 128, as fits]
-    #[arg(short = 'n', long = "gen", value_delimiter = ',')]
-    pub gens: Option<Vec<usize>>,
-    /// Timed repetitions per row (after one warm-up).
-    #[arg(short = 'r', long = "reps", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
-    pub reps: u32,
-    /// Skip the uncached decode rows (they recompute the whole sequence every step and are slow).
-    #[arg(long)]
-    pub no_uncached: bool,
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Md)]
-    pub output: Format,
-    /// Also decode this many sequences together (comma-separated batch sizes, e.g. 1,8,16): one
-    /// forward over all their rows per step, as the server runs them.
-    #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
-    pub batches: Vec<usize>,
-    /// Size of the read-bandwidth probe in MiB, at most 65536 (0 skips it).
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=65536))]
-    pub probe_mib: u32,
-    /// Any sampling flag (as generate's) adds a sampled row beside each cached greedy decode
-    /// row, interleaved with it, and their ratio.
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-    /// --draft adds a speculative (greedy) row beside each cached greedy decode row, interleaved
-    /// with it: its tok/s against plain decode, its acceptance and tokens per verify step.
-    #[command(flatten)]
-    pub draft: crate::draft::DraftArgs,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum Format {
-    Md,
-    Json,
-    Csv,
-}
-
-const DEFAULT_PROMPTS: [usize; 3] = [4, 128, 512];
-const DEFAULT_GEN: usize = 128;
-
-/// The prompt and generation lengths: the ones given, each prompt with each length checked
-/// against the model's `np` positions; or the defaults, clipped to fit with a note saying so.
-fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
-    let (p, n) = (a.prompts.clone(), a.gens.clone());
-    if p.iter().chain(&n).flatten().any(|&x| x == 0) {
-        bail!("-p and -n take positive lengths, e.g. -p 4,128,512 -n 128");
-    }
-    let prompts = p.clone().unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| x < np).collect());
-    let longest = prompts.iter().copied().max().unwrap_or(0);
-    let gens = n.clone().unwrap_or_else(|| vec![DEFAULT_GEN.min(np.saturating_sub(longest))]);
-    let pairs = prompts.iter().flat_map(|&x| gens.iter().map(move |&y| (x, y)));
-    if let Some((pl, nl)) = pairs.into_iter().find(|&(x, y)| x.saturating_add(y) > np) {
-        let at_most = match np.checked_sub(pl) {
-            Some(room) if room > 0 => format!(" (with -p {pl}, -n at most {room})"),
-            _ => format!(" (-p at most {})", np - 1),
-        };
-        bail!(
-            "-p {pl} with -n {nl} does not fit the model's {np} positions: lower -p or -n so that each prompt \
-             length plus each generation length is at most {np}{at_most}"
-        );
-    }
-    if p.is_none() || n.is_none() {
-        let (dp, dn) = (DEFAULT_PROMPTS.map(|x| x.to_string()).join(","), DEFAULT_GEN);
-        if p.is_none() && prompts != DEFAULT_PROMPTS || n.is_none() && gens != [DEFAULT_GEN] {
-            let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-            errln!(
-                "[kvgpt bench] the defaults (-p {dp} -n {dn}) clipped to the model's {np} positions: -p {} -n {} \
-                 (choose with -p and -n)",
-                list(&prompts),
-                list(&gens)
-            );
-        }
-    }
-    Ok((prompts, gens))
-}
-
-pub fn run(a: &BenchArgs) -> Result<Outcome> {
-    if a.batches.iter().any(|&b| b == 0 || b > 256) {
-        bail!("--batch takes batch sizes from 1 to 256, e.g. --batch 1,8,16");
-    }
-    let probe_bytes = (a.probe_mib as usize) << 20;
-    kvgpt::bench::check_probe(probe_bytes)?;
-    let t0 = Instant::now();
-    let loaded = load(&a.model)?;
-    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let m = &loaded.model;
-    let cfg = &m.config;
-    let (prompts, gens) = lengths(a, cfg.n_positions)?;
-    let sampling = a.sampling.sampling()?;
-    let drafting = a.draft.load(&a.model, &loaded)?;
-    let spec = BenchSpec {
-        prompts,
-        gens,
-        reps: a.reps as usize,
-        uncached: !a.no_uncached,
-        batches: a.batches.clone(),
-        sampling: (!sampling.is_greedy() || sampling.penalizes()).then_some(sampling),
-        draft: drafting.as_ref().map(|d| d.config.clone()),
-    };
-    let total = kvgpt::bench::tests(&spec).len() * spec.reps;
-    let mut done = 0;
-    // Progress on one line rewritten in place on a terminal; a log file gets one line at the end.
-    let live = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let started = Instant::now();
-    let rows = kvgpt::bench::run(m, &spec, &mut |t, rep| {
-        done += 1;
-        if live {
-            use std::io::Write as _;
-            let _ =
-                write!(std::io::stderr(), "\r[kvgpt bench] {done}/{total} runs ({} rep {})        ", t.name(), rep + 1);
-        }
-    })?;
-    if live {
-        errln!();
-    } else {
-        errln!("[kvgpt bench] {total} runs in {:.1} s", started.elapsed().as_secs_f64());
-    }
-    let rss = peak_rss_bytes().unwrap_or(0);
-    let bw = if a.probe_mib > 0 { probe_read_bandwidth(probe_bytes, 3)? } else { 0.0 };
-    let threads = rayon::current_num_threads();
-    let weight_bytes = m.weight_bytes();
-    let kv_bytes = kvgpt::KvCache::new(cfg).bytes();
-    let header = Header {
-        model: loaded.files.name.clone(),
-        n_layer: cfg.n_layer,
-        n_embd: cfg.n_embd,
-        n_head: cfg.n_head,
-        dtype: m.weights_dtype(),
-        threads,
-        isa: m.isa().name(),
-        cpu_features: kvgpt_kernels::cpu_features(),
-        git: env!("KVGPT_GIT_REV"),
-        load_ms,
-        weight_bytes,
-        parameters: kvgpt::info::parameters(cfg),
-        kv_cache_bytes: kv_bytes,
-        peak_rss_bytes: rss,
-        read_bandwidth_gb_s: bw,
-    };
-    let sampler = sampler_words(&sampling);
-    let draft = drafting.as_ref().map_or("", |d| d.name.as_str());
-    let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, &header, &sampler, draft)).collect();
-    match a.output {
-        Format::Json => print_json(&serde_json::to_value(&reports)?)?,
-        Format::Csv => print_csv(&reports)?,
-        Format::Md => print_md(&header, &rows, &reports)?,
-    }
-    Ok(Outcome::Done)
-}
 
 /// What the run was: printed above the table, and repeated in every JSON and CSV row.
-struct Header {
-    model: String,
-    n_layer: usize,
-    n_embd: usize,
-    n_head: usize,
-    dtype: &'static str,
-    threads: usize,
-    isa: &'static str,
-    cpu_features: Vec<&'static str>,
-    git: &'static str,
-    load_ms: f64,
-    weight_bytes: usize,
-    parameters: usize,
-    kv_cache_bytes: usize,
-    peak_rss_bytes: u64,
-    read_bandwidth_gb_s: f64,
+#[derive(Clone)]
+pub(super) struct Header {
+    pub(super) model: String,
+    pub(super) n_layer: usize,
+    pub(super) n_embd: usize,
+    pub(super) n_head: usize,
+    pub(super) dtype: &'static str,
+    pub(super) threads: usize,
+    pub(super) isa: &'static str,
+    pub(super) cpu_features: Vec<&'static str>,
+    pub(super) git: &'static str,
+    pub(super) load_ms: f64,
+    pub(super) weight_bytes: usize,
+    pub(super) parameters: usize,
+    pub(super) kv_cache_bytes: usize,
+    pub(super) peak_rss_bytes: u64,
+    pub(super) read_bandwidth_gb_s: f64,
 }
 
 /// One row of the report, as the table, JSON and CSV show it.
-#[derive(Serialize)]
-struct RowReport<'a> {
+#[derive(Serialize, Clone)]
+pub(super) struct RowReport<'a> {
     /// What llama-bench's rows say of the model: its name, the bytes of its weights as held, its
     /// parameters, and where it runs.
     model: &'a str,
@@ -230,7 +71,7 @@ struct RowReport<'a> {
 }
 
 impl<'a> RowReport<'a> {
-    fn of(r: &Row, h: &'a Header, sampler: &'a str, draft: &'a str) -> RowReport<'a> {
+    pub(super) fn of(r: &Row, h: &'a Header, sampler: &'a str, draft: &'a str) -> RowReport<'a> {
         let (avg, sd) = mean_sd(&r.tok_s);
         let drafted = matches!(r.test, Test::Drafted { .. });
         let (prompt, gen, mode, batch) = match r.test {
@@ -274,7 +115,7 @@ impl<'a> RowReport<'a> {
     }
 }
 
-fn print_csv(rows: &[RowReport]) -> Result<()> {
+pub(super) fn print_csv(rows: &[RowReport]) -> Result<()> {
     outln!(
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
          weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step,model,model_size_bytes,\
@@ -316,7 +157,7 @@ fn print_csv(rows: &[RowReport]) -> Result<()> {
     Ok(())
 }
 
-fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
+pub(super) fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Result<()> {
     let load_ms = h.load_ms;
     outln!(
         "kvgpt bench — {} ({}, n_embd {}, {}) | dtype {} | {} | isa {} | cpu {} | git {}",
