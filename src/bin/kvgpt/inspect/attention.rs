@@ -229,7 +229,7 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
         let gs = grids(&w, &layers, &labels, tr.prompt_len, query, keys - picture_shown);
         let per_row = if query.is_some() { 2 } else { heads.len() };
         write_text(p, &render::svg::svg(&gs, per_row, &title))?;
-        errln!("[kvgpt] wrote {} ({} heatmaps)", p.display(), gs.len());
+        errln!("[kvgpt] wrote {} ({})", p.display(), crate::out::count(gs.len(), "heatmap"));
     }
     if let Some(p) = &a.html {
         let page = render::html::html(&Viewer {
@@ -242,7 +242,8 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
             query,
         });
         write_text(p, &page)?;
-        errln!("[kvgpt] wrote {} (a viewer of {} layers × {} heads)", p.display(), layers.len(), heads.len());
+        let (l, h) = (crate::out::count(layers.len(), "layer"), crate::out::count(heads.len(), "head"));
+        errln!("[kvgpt] wrote {} (a viewer of {l} × {h})", p.display());
     }
     if c.io.json {
         let seq = SequenceJson {

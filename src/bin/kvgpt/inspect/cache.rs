@@ -127,11 +127,11 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
     };
     if let Some(p) = &a.svg {
         write_text(p, &render::cache_svg::svg(&view))?;
-        errln!("[kvgpt] wrote {} ({} steps)", p.display(), view.steps.len());
+        errln!("[kvgpt] wrote {} ({})", p.display(), crate::out::count(view.steps.len(), "step"));
     }
     if let Some(p) = &a.html {
         write_text(p, &render::cache_html::html(&view)?)?;
-        errln!("[kvgpt] wrote {} (a viewer of {} steps)", p.display(), view.steps.len());
+        errln!("[kvgpt] wrote {} (a viewer of {})", p.display(), crate::out::count(view.steps.len(), "step"));
     }
     if c.io.json {
         print_json(&serde_json::to_value(&view)?)?;
