@@ -15,6 +15,8 @@ import urllib.request
 
 import tokenizers
 
+from openai_checks import expect, expect_eq, extra
+
 # The article's system prompt; only the time differs between the two requests.
 SYSTEM = ("You are the support assistant of a bicycle shop. Answer in one sentence.\n"
           "Current time: {time}\n"
@@ -44,7 +46,7 @@ def sample(text, name):
     raise AssertionError(f"{name} not in /metrics")
 
 
-def add_checks(checks, client, model, model_dir, base_url, api_key, expect, expect_eq, extra):
+def add_checks(checks, client, *, model, model_dir, base_url, api_key):
     tok = tokenizers.Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     ids = lambda text: tok.encode(text).ids  # noqa: E731 - the independent tokenizer's ids
     nonce = f"[{os.getpid()}-{time.time_ns() % 1000003}] "  # a prefix no earlier request has

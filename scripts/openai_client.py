@@ -20,11 +20,11 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 
 import openai
 
 import openai_cache_checks
+from openai_checks import Checks, expect, expect_eq, extra
 
 MAX_CHUNKS = 2000  # bound on the chunks read from any one stream
 LOGPROB_TOL = 1e-9
@@ -39,33 +39,6 @@ CHAT_MESSAGES_2 = [
     {"role": "developer", "content": "Answer briefly."},
     {"role": "user", "content": "hi"},
 ]
-
-
-class Checks:
-    def __init__(self):
-        self.results = []  # (name, ok, detail)
-
-    def run(self, name, fn):
-        try:
-            detail = fn()
-            self.results.append((name, True, detail or ""))
-            print(f"PASS {name}" + (f" ({detail})" if detail else ""), flush=True)
-        except Exception as e:  # noqa: BLE001 - any failure of a check is reported, not raised
-            msg = f"{type(e).__name__}: {e}"
-            if not isinstance(e, AssertionError):
-                msg += "\n" + traceback.format_exc(limit=4)
-            self.results.append((name, False, msg))
-            print(f"FAIL {name}: {msg}", flush=True)
-
-
-def expect(cond, msg):
-    if not cond:
-        raise AssertionError(msg)
-
-
-def expect_eq(got, want, what):
-    if got != want:
-        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
 
 
 class Cli:
@@ -94,14 +67,6 @@ class Cli:
                 raise AssertionError(f"`{' '.join(args)}` exited {p.returncode}: {p.stderr.strip()}")
             self.memo[key] = json.loads(p.stdout)
         return self.memo[key]
-
-
-def extra(obj, name):
-    """A field the OpenAI schema does not have (kept by the client's models as an extra)."""
-    extras = getattr(obj, "model_extra", None) or {}
-    if name in extras:
-        return extras[name]
-    return getattr(obj, name, None)
 
 
 def collect_stream(stream):
@@ -448,7 +413,8 @@ def main():
         return f"prompt_tokens {pt}, cached {c1} then {c2}"
 
     checks.run("prompt cache: same request twice, cached_tokens == prompt_tokens - 1", cache)
-    openai_cache_checks.add_checks(checks, client, model, a.model, a.base_url, a.api_key, expect, expect_eq, extra)
+    openai_cache_checks.add_checks(checks, client, model=model, model_dir=a.model, base_url=a.base_url,
+                                   api_key=a.api_key)
 
     # 7 ------------------------------------------------------------------ errors
     def bad_temperature():

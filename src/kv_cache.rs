@@ -4,6 +4,11 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 
+/// The strided store's range of head `h`'s first `n` positions, for a capacity `cap`.
+fn h_rows(cap: usize, hs: usize, n: usize) -> impl Fn(usize) -> std::ops::Range<usize> {
+    move |h| h * cap * hs..(h * cap + n) * hs
+}
+
 /// K and V of one layer, each `[NH, n_positions, HS]`: head `h`, position `p` at `(h*n_positions + p)*HS`.
 #[derive(Clone)]
 pub struct LayerKv {
@@ -135,6 +140,26 @@ impl KvCache {
         out
     }
 
+    /// Whether K and V of positions `0..n` are the same bits in `other`, every layer and head
+    /// (compared in place, whatever either cache's capacity).
+    pub fn same_bits(&self, other: &KvCache, n: usize) -> bool {
+        assert!(
+            n <= self.len && n <= other.len,
+            "comparing {n} positions of caches holding {} and {}",
+            self.len,
+            other.len
+        );
+        let hs = self.head_dim;
+        let (a, b) = (h_rows(self.capacity, hs, n), h_rows(other.capacity, hs, n));
+        let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        (self.n_head, self.head_dim, self.layers.len()) == (other.n_head, other.head_dim, other.layers.len())
+            && self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .all(|(x, y)| (0..self.n_head).all(|h| same(&x.k[a(h)], &y.k[b(h)]) && same(&x.v[a(h)], &y.v[b(h)])))
+    }
+
     /// A copy of K and V of positions `a..b` of every layer.
     pub fn span(&self, a: usize, b: usize) -> KvSpan {
         assert!(a <= b && b <= self.len, "span {a}..{b} of a cache holding {} positions", self.len);
@@ -224,5 +249,22 @@ impl KvSpan {
         self.data = head;
         self.len = m;
         KvSpan { len: n - m, data: tail, ..*self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvCache;
+    use crate::prefix_cache::tests::{cache_of, cfg};
+
+    #[test]
+    fn same_bits_compares_the_positions_whatever_the_capacity() {
+        let a = cache_of(&[1, 2, 3]); // room for 64 positions
+        let mut b = KvCache::with_capacity(&cfg(), 3);
+        b.append_span(&a.span(0, 3), 0, 3).unwrap();
+        assert!(a.same_bits(&b, 3) && b.same_bits(&a, 3));
+        b.layer_mut(0).v[2 * 2] += 1.0; // V of position 2 (head 0, head size 2)
+        assert!(!a.same_bits(&b, 3), "one value differs");
+        assert!(a.same_bits(&b, 2), "the positions before it do not");
     }
 }

@@ -3,13 +3,11 @@
 
 mod common;
 
+use common::views::kvgpt;
 use common::*;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn kvgpt(args: &[&str], _stdin: Option<&str>) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap()
-}
-
+/// The output of a run that must succeed: (stdout, stderr).
 fn ok(out: &Output) -> (String, String) {
     let (o, e) = (String::from_utf8(out.stdout.clone()).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "kvgpt failed: {e}");
@@ -25,7 +23,7 @@ fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
     // llama-bench's -m; the defaults (-p 4,128,512 -n 128) clipped to the fixture's 128 positions,
     // with a note; every position of the context usable; no progress line rewritten in a file.
     let m = model();
-    let out = kvgpt(&["bench", "-m", &m, "-r", "1", "--probe-mib", "0", "--no-uncached", "-o", "json"], None);
+    let out = kvgpt(&["bench", "-m", &m, "-r", "1", "--probe-mib", "0", "--no-uncached", "-o", "json"]);
     let (json, err) = ok(&out);
     assert!(err.contains("the defaults (-p 4,128,512 -n 128) clipped to the model's 128 positions: -p 4 -n 124"));
     assert!(!err.contains('\r'), "{err:?}");
@@ -33,7 +31,7 @@ fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
     let tests: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["test"].as_str().unwrap()).collect();
     assert_eq!(tests, ["pp4", "tg124"]);
     // One repetition has no spread: the table says so instead of "0.0".
-    let (md, _) = ok(&kvgpt(&["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0"], None));
+    let (md, _) = ok(&kvgpt(&["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0"]));
     let row = md.lines().find(|l| l.contains("| pp4 |")).unwrap();
     assert_eq!(row.split('|').nth(10).unwrap().trim(), "–", "{row}");
     // llama-bench's columns: the model, its size as held, its parameters (derived here from
@@ -51,8 +49,7 @@ fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
     let mib: f64 = cells[2].strip_suffix(" MiB").unwrap().parse().unwrap();
     let want = (4 * params) as f64 / 1048576.0;
     assert!(mib >= want - 0.01 && mib < want * 1.01, "{mib} MiB vs {want}");
-    let (json, _) =
-        ok(&kvgpt(&["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0", "-o", "json"], None));
+    let (json, _) = ok(&kvgpt(&["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0", "-o", "json"]));
     let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(rows[0]["model"], m.as_str());
     assert_eq!(rows[0]["model_params"].as_u64(), Some(params));
@@ -63,7 +60,7 @@ fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
 fn a_list_of_thread_counts_runs_every_row_at_each() {
     let m = model();
     let args = ["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0", "--no-uncached", "-t", "1,2"];
-    let (json, _) = ok(&kvgpt(&[&args[..], &["-o", "json"]].concat(), None));
+    let (json, _) = ok(&kvgpt(&[&args[..], &["-o", "json"]].concat()));
     let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
     let seen: Vec<(String, u64)> = rows
         .as_array()
@@ -73,10 +70,10 @@ fn a_list_of_thread_counts_runs_every_row_at_each() {
         .collect();
     let want = [("pp4", 1), ("tg2", 1), ("pp4", 2), ("tg2", 2)].map(|(t, n)| (t.to_string(), n));
     assert_eq!(seen, want);
-    let (md, _) = ok(&kvgpt(&args, None));
+    let (md, _) = ok(&kvgpt(&args));
     assert!(md.contains("| 1 thread |") && md.contains("| 2 threads |"), "{md}");
     // Elsewhere -t takes one count.
-    let out = kvgpt(&["generate", "x", "-m", &m, "-t", "1,2"], None);
+    let out = kvgpt(&["generate", "x", "-m", &m, "-t", "1,2"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("-t takes one thread count here"));
 }

@@ -9,8 +9,7 @@ use common::server::Server;
 use common::*;
 use serde_json::{json, Value};
 
-fn hf_ids(text: &str) -> Vec<u32> {
-    let tok = tokenizers::Tokenizer::from_file(fixture_dir().join("tokenizer.json")).unwrap();
+fn hf_ids(tok: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
     tok.encode(text, false).unwrap().get_ids().to_vec()
 }
 
@@ -22,6 +21,7 @@ const STORY: &str = "The keeper of the lighthouse counted the boats each evening
 
 #[test]
 fn usage_reports_each_prompt_each_endpoint_and_nothing_with_the_cache_off() {
+    let tok = tokenizers::Tokenizer::from_file(fixture_dir().join("tokenizer.json")).unwrap();
     let s = Server::start(&[]);
     let warm = s.complete(&json!({"prompt": STORY, "max_tokens": 2, "temperature": 0}));
     assert_eq!(warm["usage"]["prompt_cache"]["reused"], 0);
@@ -32,14 +32,14 @@ fn usage_reports_each_prompt_each_endpoint_and_nothing_with_the_cache_off() {
     let r = s.complete(&json!({"prompt": [changed, fresh], "max_tokens": 2, "temperature": 0}));
     let list = r["usage"]["prompt_cache"].as_array().expect("a list for several prompts");
     assert_eq!(list.len(), 2);
-    let (a, b) = (hf_ids(STORY), hf_ids(&changed));
+    let (a, b) = (hf_ids(&tok, STORY), hf_ids(&tok, &changed));
     let stop = first_difference(&a, &b);
     assert_eq!(list[0]["reused"].as_u64(), Some(stop as u64));
     assert_eq!(list[0]["reason"], "differs");
     assert_eq!(list[0]["cached_token"]["id"].as_u64(), Some(u64::from(a[stop])));
     assert_eq!(list[0]["new_token"]["id"].as_u64(), Some(u64::from(b[stop])));
     assert_eq!(list[1]["reused"], 0, "{}", list[1]);
-    assert_eq!(list[1]["new_token"]["id"].as_u64(), Some(u64::from(hf_ids(fresh)[0])));
+    assert_eq!(list[1]["new_token"]["id"].as_u64(), Some(u64::from(hf_ids(&tok, fresh)[0])));
     assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(stop as u64));
 
     // n = 2: one prompt, one report (its first choice's lookup).

@@ -4,7 +4,7 @@
 
 use super::Trace;
 use crate::error::Result;
-use crate::kv_cache::{KvCache, KvPart};
+use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch};
 use crate::tap::{NoTap, Point};
 use crate::work::Work;
@@ -79,10 +79,6 @@ fn recomputed_matches(model: &Model, ids: &[u32], cache: &KvCache, logits: &[f32
     let mut fresh = KvCache::with_capacity(&model.config, n);
     let mut got = vec![0.0; logits.len()];
     model.forward(ids, &mut fresh, &mut Scratch::new(&model.config, n), &mut NoTap, &mut got)?;
-    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    let mut cut = cache.clone();
-    cut.truncate(n);
-    let kv_same = (0..model.config.n_layer)
-        .all(|l| [KvPart::K, KvPart::V].iter().all(|&w| bits(&fresh.gather(l, w)) == bits(&cut.gather(l, w))));
-    Ok(kv_same && bits(&got) == bits(logits))
+    let same_logits = got.iter().zip(logits).all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(cache.same_bits(&fresh, n) && same_logits)
 }

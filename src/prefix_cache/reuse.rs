@@ -2,7 +2,7 @@
 //! its descent left the tree; what the tree holds there (the token that differs, or nothing) is
 //! the answer to "why did this request recompute its prompt?".
 
-use super::{PrefixCache, ROOT};
+use super::PrefixCache;
 use serde::Serialize;
 
 /// Tokens of the cached side shown after the stop, for context.
@@ -87,13 +87,5 @@ impl PrefixCache {
         };
         let cached_after = cached.get(1..).map(<[u32]>::to_vec).unwrap_or_default();
         ReuseStop { reused: len, reason, new_token, cached_token, cached_after }
-    }
-
-    /// What a lookup of `ids` would reuse and why it would stop, touching nothing.
-    pub fn explain(&self, ids: &[u32]) -> ReuseStop {
-        let path = self.descend(ids, ids.len().saturating_sub(1));
-        let len = path.iter().map(|&(_, take)| take).sum();
-        let (last, take) = path.last().copied().unwrap_or((ROOT, 0));
-        self.stop_at(ids, len, last, take)
     }
 }

@@ -3,8 +3,8 @@
 //! stop with the text around it, how many positions were computed because of it, and the prefill
 //! time with what was reused against from nothing.
 
-use crate::common::{load, print_json, prompt_ids, ModelArgs, Outcome};
-use anyhow::{bail, Context, Result};
+use crate::common::{load, print_json, prompt_ids, read_prompt_file, ModelArgs, Outcome};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use kvgpt::cache_replay::replay;
 use kvgpt::cache_report::Report;
@@ -47,16 +47,7 @@ fn bar(reused: usize, n: usize) -> String {
 
 pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
     let CacheCmd::Diff(a) = cmd;
-    let texts: Vec<String> = a
-        .files
-        .iter()
-        .map(|f| {
-            let t = std::fs::read_to_string(f)
-                .with_context(|| format!("could not read the prompt file {}", f.display()))?;
-            // One final newline is the file's, not the prompt's (as --prompt-file reads it).
-            Ok(t.strip_suffix('\n').map_or(t.as_str(), |t| t.strip_suffix('\r').unwrap_or(t)).to_string())
-        })
-        .collect::<Result<_>>()?;
+    let texts: Vec<String> = a.files.iter().map(|f| read_prompt_file(f)).collect::<Result<_>>()?;
     let loaded = load(&a.model)?;
     let mut prompts = Vec::with_capacity(texts.len());
     for (f, t) in a.files.iter().zip(&texts) {

@@ -129,11 +129,21 @@ pub fn load(m: &ModelArgs) -> Result<Loaded> {
     Ok(loaded)
 }
 
+/// A prompt file's text; one final newline is the file's, not the prompt's.
+pub fn read_prompt_file(file: &std::path::Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("could not read the prompt file {}", file.display()))?;
+    Ok(without_final_newline(&text).to_string())
+}
+
+fn without_final_newline(text: &str) -> &str {
+    text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(text)
+}
+
 /// The prompt text from the argument, `--prompt-file` or standard input.
 pub fn read_prompt(p: &PromptArgs) -> Result<String> {
     let text = match (&p.prompt, &p.prompt_file) {
-        (_, Some(file)) => std::fs::read_to_string(file)
-            .with_context(|| format!("could not read the prompt file {}", file.display()))?,
+        (_, Some(file)) => return read_prompt_file(file),
         (Some(t), None) if t != "-" => return Ok(t.clone()),
         _ => {
             if std::io::stdin().is_terminal() {
@@ -144,8 +154,7 @@ pub fn read_prompt(p: &PromptArgs) -> Result<String> {
             s
         }
     };
-    let text = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
-    Ok(text.to_string())
+    Ok(without_final_newline(&text).to_string())
 }
 
 /// The prompt's ids; an empty prompt starts from `<|endoftext|>` (the BOS of GPT-2).
