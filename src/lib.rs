@@ -92,9 +92,15 @@ pub fn load(files: &ModelFiles) -> Result<Loaded> {
 
 /// As [`load`], holding the weight matrices as `dtype` (converted or quantized at load time).
 pub fn load_as(files: &ModelFiles, dtype: WeightType) -> Result<Loaded> {
+    load_holding(files, Some(dtype))
+}
+
+/// As [`load`], holding the weight matrices as `dtype`, or with None as the file stores them (a
+/// GGUF's own types, e.g. Q4_0 blocks as they are; f32 from safetensors).
+pub fn load_holding(files: &ModelFiles, dtype: Option<WeightType>) -> Result<Loaded> {
     let (tokenizer, model) = rayon::join(
         || Tokenizer::from_files(&files.tokenizer),
-        || Model::load_as(&files.config, &files.weights, dtype),
+        || Model::load_holding(&files.config, &files.weights, dtype),
     );
     // The model's error first: a GGUF of another architecture has no GPT-2 tokenizer either.
     let model = model?;

@@ -17,6 +17,12 @@ fn sixteen_bit_and_int8_weights_track_f32() {
         (WeightType::Bf16, 0.97, 5e-4),
         (WeightType::Q8, 0.94, 1e-3),
         (WeightType::W8A8, 0.90, 5e-3),
+        (WeightType::Q8_0, 0.90, 5e-3),
+        (WeightType::Q5_1, 0.70, 5e-2),
+        (WeightType::Q5_0, 0.60, 5e-2),
+        (WeightType::Q4_1, 0.50, 2e-1),
+        (WeightType::Q4_0, 0.50, 2e-1),
+        (WeightType::Q4K, 0.50, 2e-1),
     ] {
         let model = Model::load_as(&files.config, &files.weights, ty).unwrap();
         let (mut agree, mut kl, mut n, mut worst) = (0.0, 0.0, 0usize, 0.0f32);
@@ -42,7 +48,9 @@ fn sixteen_bit_and_int8_weights_track_f32() {
         let ratio = loaded.model.weight_bytes() as f64 / model.weight_bytes() as f64;
         let want = match ty {
             WeightType::F16 | WeightType::Bf16 => 2.0,
-            WeightType::W8A8 => 3.5,
+            WeightType::W8A8 | WeightType::Q8_0 => 3.5,
+            WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q4K => 5.0,
+            WeightType::Q5_0 | WeightType::Q5_1 => 3.0,
             _ => 3.4,
         };
         assert!(ratio > want * 0.95, "{} bytes ratio {ratio}", ty.name());

@@ -1,20 +1,27 @@
-//! W8A8: int8 weights times int8 activations, with exact integer block sums.
+//! Integer weights times int8 activations, with exact integer block sums: W8A8 and llama.cpp's
+//! block types (see `packed::ints`).
 //!
 //! Each activation row is quantized on its own, per block of [`W8_BLOCK`] reduction elements
-//! (`sa[r, b]`, `qa[r, i]`); each weight column likewise (`sw[b, c]`, `qw[i, c]`). An output is
+//! (`sa[r, b]`, `qa[r, i]`); each weight column is held in sub-blocks `s` of 32 (or 16) rows as
+//! integers `qw[i, c]`, a scale `sw[s, c]` and, for some types, a minimum `mw[s, c]`. An output is
 //!
 //! ```text
-//! acc = 0; for b in 0..KP/32 { acc = fma(sa[r,b] * sw[b,c], Σ_{i in b} qa[r,i]·qw[i,c], acc) }
+//! acc = 0
+//! for s in sub-blocks, in order {            // b: the activation block holding s
+//!     acc = fma(sa[r,b] * sw[s,c], Σ_{i in s} qa[r,i]·qw[i,c], acc)
+//!     if mins { acc = fma(sa[r,b] * mw[s,c], Σ_{i in s} qa[r,i], acc) }
+//! }
 //! out = acc + bias[c]
 //! ```
 //!
-//! The block sum is an integer (|Σ| ≤ 32·127·127 < 2²⁴, so its f32 is exact) and integer sums are
+//! The sums are integers (|Σ| ≤ 32·127·127 < 2²⁴, so their f32 is exact) and integer sums are
 //! exact in any order: whatever the instruction (VNNI's `vpdpbusd`, AVX2's `pmaddubsw` +
-//! `pmaddwd`, plain Rust) and however the work is split, the f32 chain over blocks is the same,
-//! so the bits are the same on every path, for any T, batch and thread count.
+//! `pmaddwd`, plain Rust) and however the work is split, the f32 chain over sub-blocks is the
+//! same, so the bits are the same on every path, for any T, batch and thread count.
 //!
 //! `T` rows of `KP` (the reduction padded to whole blocks with zeros), `N` columns in panels of
-//! [`NR`] as [`crate::packed::w8_index`] lays them out.
+//! [`NR`] as [`crate::packed::w8_index`] (bytes) or [`crate::packed::w4_index`] (nibbles) lay
+//! them out.
 //!
 //! Layered on the lanes alone: the dot products are written over [`IntLanes`] (each ISA's
 //! spelling lives in `crate::lanes`), and the GEMM drivers call them; nothing here imports GEMM.
@@ -22,13 +29,16 @@
 use crate::dispatch::kernels;
 use crate::isa::Isa;
 use crate::lanes::{IntLanes, Lanes};
-use crate::packed::{quantize, quantize_by, scale_of, w8_block_index, w8_index, w8_value, NR, W8, W8_BLOCK};
+use crate::packed::{quantize, quantize_by, scale_of, sub_block_index, w4_index, w8_index, Ints, NR, W8_BLOCK};
 
 kernels! {
-    [] fn quantize_row(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) = quantize_row_body, quantize_row_body;
+    [] fn quantize_row(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x: &[f32]) = quantize_row_body, quantize_row_body;
 }
 
-/// Room for a matmul's activations quantized to int8 (W8A8 weights only): kept by the caller
+/// Activation rows per sum: the smallest sub-block (Q6_K's).
+const HALF: usize = 16;
+
+/// Room for a matmul's activations quantized to int8 (integer weights only): kept by the caller
 /// and reused, so the per-token path does not allocate once it has grown.
 #[derive(Default)]
 pub struct QuantizedActs {
@@ -36,9 +46,9 @@ pub struct QuantizedActs {
     pub(crate) q: Vec<i8>,
     /// `[T, KP / 32]` scales.
     pub(crate) s: Vec<f32>,
-    /// `[T, KP / 32]`: 128 × the block's sum of int8 values (what a dot product with the weights
-    /// offset by 128 into unsigned bytes must take off).
-    pub(crate) corr: Vec<i32>,
+    /// `[T, KP / 16]`: the sum of each 16 int8 values (for the minimums, and what a dot product
+    /// with weights offset by 128 into unsigned bytes must take off, 128 times).
+    pub(crate) sums: Vec<i32>,
 }
 
 impl QuantizedActs {
@@ -49,22 +59,22 @@ impl QuantizedActs {
         self.q.resize(t * kp, 0);
         self.s.clear();
         self.s.resize(t * nb, 0.0);
-        self.corr.clear();
-        self.corr.resize(t * nb, 0);
+        self.sums.clear();
+        self.sums.resize(t * 2 * nb, 0);
         for r in 0..t {
-            let (q, s, corr) =
-                (&mut self.q[r * kp..][..kp], &mut self.s[r * nb..][..nb], &mut self.corr[r * nb..][..nb]);
-            quantize_row(isa, q, s, corr, &inp[r * k..(r + 1) * k]);
+            let (q, s, sums) =
+                (&mut self.q[r * kp..][..kp], &mut self.s[r * nb..][..nb], &mut self.sums[r * 2 * nb..][..2 * nb]);
+            quantize_row(isa, q, s, sums, &inp[r * k..(r + 1) * k]);
         }
     }
 }
 
 /// One activation row `x` quantized per block of 32 (max-abs, symmetric) into `q` (padded with
-/// zeros), its scales `s` and corrections `corr` (`128 Σ q` per block). Plain IEEE operations
-/// (max, reciprocal, product, round-half-even), so the same values whichever ISA compiles it.
+/// zeros), its scales `s` and the sums of each 16 values. Plain IEEE operations (max,
+/// reciprocal, product, round-half-even), so the same values whichever ISA compiles it.
 #[inline(always)]
-pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x: &[f32]) {
-    for (b, ((qb, sb), cb)) in q.chunks_mut(W8_BLOCK).zip(s.iter_mut()).zip(corr.iter_mut()).enumerate() {
+pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x: &[f32]) {
+    for (b, ((qb, sb), cb)) in q.chunks_mut(W8_BLOCK).zip(s.iter_mut()).zip(sums.chunks_mut(2)).enumerate() {
         let blk = &x[(b * W8_BLOCK).min(x.len())..((b + 1) * W8_BLOCK).min(x.len())];
         if blk.len() == W8_BLOCK {
             // A whole block, in fixed-size arrays so that it vectorizes.
@@ -88,7 +98,8 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x
             }
             qb.copy_from_slice(&qs);
             *sb = sc;
-            *cb = 128 * qs.iter().map(|&v| v as i32).sum::<i32>();
+            cb[0] = qs[..HALF].iter().map(|&v| v as i32).sum::<i32>();
+            cb[1] = qs[HALF..].iter().map(|&v| v as i32).sum::<i32>();
         } else {
             let sc = scale_of(blk.iter().fold(0.0f32, |m, v| m.max(v.abs())));
             qb.fill(0);
@@ -96,14 +107,15 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], corr: &mut [i32], x
                 *qv = quantize(v, sc);
             }
             *sb = sc;
-            *cb = 128 * qb.iter().map(|&v| v as i32).sum::<i32>();
+            cb[0] = qb[..HALF].iter().map(|&v| v as i32).sum::<i32>();
+            cb[1] = qb[HALF..].iter().map(|&v| v as i32).sum::<i32>();
         }
     }
 }
 
-/// What every tile of one W8A8 matmul call shares.
+/// What every tile of one integer matmul call shares.
 pub(crate) struct Job<'a> {
-    pub(crate) w: &'a W8,
+    pub(crate) w: &'a Ints,
     pub(crate) a: &'a QuantizedActs,
     /// `T * N` writable floats; each task writes only the columns of its own panels.
     pub(crate) out: *mut f32,
@@ -112,25 +124,39 @@ pub(crate) struct Job<'a> {
     pub(crate) n: usize,
 }
 
+impl Job<'_> {
+    /// Row `r`'s sum of activations over sub-block `s` (exact).
+    #[inline(always)]
+    fn act_sum(&self, r: usize, s: usize) -> i32 {
+        let (sub, per_row) = (self.w.sub, self.w.kp / HALF);
+        let at = r * per_row + s * sub / HALF;
+        self.a.sums[at..at + sub / HALF].iter().sum()
+    }
+}
+
 /// Row `r` against panel `p`, in plain Rust: the reference the SIMD tiles are tested against.
 #[inline(always)]
 pub(crate) unsafe fn tile_portable(j: &Job, p: usize, r: usize) {
     let Job { w, a, out, bias, n, .. } = *j;
-    let (kp, nb) = (w.kp, w.kp / W8_BLOCK);
+    let (kp, sub) = (w.kp, w.sub);
     let c0 = p * NR;
     let mut acc = [0.0f32; NR];
-    for b in 0..nb {
+    for s in 0..kp / sub {
         let mut isum = [0i32; NR];
-        for i in b * W8_BLOCK..(b + 1) * W8_BLOCK {
+        for i in s * sub..(s + 1) * sub {
             let x = a.q[r * kp + i] as i32;
-            for (l, s) in isum.iter_mut().enumerate() {
-                *s += x * w8_value(w.q[w8_index(kp, p, i, l)]) as i32;
+            for (l, v) in isum.iter_mut().enumerate() {
+                *v += x * w.value(p, i, l);
             }
         }
-        let sa = a.s[r * nb + b];
-        let sw = &w.scales[w8_block_index(kp, p, b)..];
+        let sa = a.s[r * (kp / W8_BLOCK) + s * sub / W8_BLOCK];
+        let at = sub_block_index(kp, sub, p, s);
+        let asum = j.act_sum(r, s) as f32;
         for l in 0..NR {
-            acc[l] = (sa * sw[l]).mul_add(isum[l] as f32, acc[l]);
+            acc[l] = (sa * w.scales[at + l]).mul_add(isum[l] as f32, acc[l]);
+            if !w.mins.is_empty() {
+                acc[l] = (sa * w.mins[at + l]).mul_add(asum, acc[l]);
+            }
         }
     }
     for (l, v) in acc.iter().enumerate().take(NR.min(n - c0)) {
@@ -149,41 +175,71 @@ pub(crate) unsafe fn cols_portable(j: &Job, p0: usize, p1: usize) {
     }
 }
 
-/// Rows `r0..r0+R` against the whole panels `p..p+G`.
+/// Rows `r0..r0+R` against the whole panels `p..p+G`; `FOUR`: the weights are nibbles.
 #[inline(always)]
-unsafe fn tile<L: IntLanes, const R: usize, const G: usize>(j: &Job, p: usize, r0: usize) {
+unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j: &Job, p: usize, r0: usize) {
     let Job { w, a, out, bias, n, .. } = *j;
-    let (kp, nb) = (w.kp, w.kp / W8_BLOCK);
+    let (kp, sub, nb) = (w.kp, w.sub, w.kp / W8_BLOCK);
     let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
     let mut acc = [[L::F::zero(); R]; G]; // [panel][row]
-    for b in 0..nb {
+    for s in 0..kp / sub {
+        let (i0, b) = (s * sub, s * sub / W8_BLOCK);
+        let mut asum = [0i32; R];
         let mut start = [L::start(0); R];
-        for (r, st) in start.iter_mut().enumerate() {
-            *st = L::start(a.corr[(r0 + r) * nb + b]);
+        for r in 0..R {
+            asum[r] = j.act_sum(r0 + r, s);
+            if !FOUR {
+                // Bytes are offset by 128; nibbles are their own values.
+                start[r] = L::start(128 * asum[r]);
+            }
         }
         let mut isum = [start; G];
-        for i in (b * W8_BLOCK..(b + 1) * W8_BLOCK).step_by(4) {
-            // SAFETY (caller): panels p..p+G are inside the matrix and i + 4 <= kp, so each
-            // group's 64 bytes and each row's 4 activation bytes are in bounds.
-            // A loop, not `array::from_fn`: its closure would not get the caller's target
-            // features, and the intrinsics in it would become calls.
-            let mut wg = [L::load_w(wq.add(w8_index(kp, p, i, 0))); G];
-            for (q, wgq) in wg.iter_mut().enumerate().skip(1) {
-                *wgq = L::load_w(wq.add(w8_index(kp, p + q, i, 0)));
+        if FOUR {
+            for i in (i0..i0 + sub).step_by(8) {
+                // SAFETY (caller): panels p..p+G are inside the matrix and i + 8 <= kp, so each
+                // line's 64 bytes and each row's 8 activation bytes are in bounds.
+                let mut lo = [L::load_w4(wq.add(w4_index(kp, p, i, 0).0)); G];
+                for (q, l) in lo.iter_mut().enumerate().skip(1) {
+                    *l = L::load_w4(wq.add(w4_index(kp, p + q, i, 0).0));
+                }
+                for r in 0..R {
+                    let row = aq.add((r0 + r) * kp + i) as *const i32;
+                    let (x0, x1) = (L::prep(row.read_unaligned()), L::prep(row.add(1).read_unaligned()));
+                    for (sq, &(w0, w1)) in isum.iter_mut().zip(&lo) {
+                        sq[r] = L::dot4u(L::dot4u(sq[r], x0, w0), x1, w1);
+                    }
+                }
             }
-            for r in 0..R {
-                let x = L::prep((aq.add((r0 + r) * kp + i) as *const i32).read_unaligned());
-                for (sq, &wgq) in isum.iter_mut().zip(&wg) {
-                    sq[r] = L::dot4(sq[r], x, wgq);
+        } else {
+            for i in (i0..i0 + sub).step_by(4) {
+                // SAFETY (caller): as above, with groups of 4 rows.
+                // A loop, not `array::from_fn`: its closure would not get the caller's target
+                // features, and the intrinsics in it would become calls.
+                let mut wg = [L::load_w(wq.add(w8_index(kp, p, i, 0))); G];
+                for (q, wgq) in wg.iter_mut().enumerate().skip(1) {
+                    *wgq = L::load_w(wq.add(w8_index(kp, p + q, i, 0)));
+                }
+                for r in 0..R {
+                    let x = L::prep((aq.add((r0 + r) * kp + i) as *const i32).read_unaligned());
+                    for (sq, &wgq) in isum.iter_mut().zip(&wg) {
+                        sq[r] = L::dot4(sq[r], x, wgq);
+                    }
                 }
             }
         }
         for (q, (accq, sq)) in acc.iter_mut().zip(&isum).enumerate() {
-            let at = w8_block_index(kp, p + q, b);
+            let at = sub_block_index(kp, sub, p + q, s);
             let sw = L::F::load(w.scales.as_ptr().add(at));
             for r in 0..R {
-                let s = L::F::mul(sw, L::F::splat(a.s[(r0 + r) * nb + b]));
-                accq[r] = L::F::fma(s, L::to_f32(sq[r]), accq[r]);
+                let sa = L::F::splat(a.s[(r0 + r) * nb + b]);
+                accq[r] = L::F::fma(L::F::mul(sw, sa), L::to_f32(sq[r]), accq[r]);
+            }
+            if !w.mins.is_empty() {
+                let mw = L::F::load(w.mins.as_ptr().add(at));
+                for r in 0..R {
+                    let sa = L::F::splat(a.s[(r0 + r) * nb + b]);
+                    accq[r] = L::F::fma(L::F::mul(mw, sa), L::F::splat(asum[r] as f32), accq[r]);
+                }
             }
         }
     }
@@ -200,52 +256,61 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize>(j: &Job, p: usize, r
 /// Every row against panels `p0..p1` in register tiles; the ragged last panel in plain Rust.
 #[inline(always)]
 pub(crate) unsafe fn cols<L: IntLanes>(j: &Job, p0: usize, p1: usize) {
+    if j.w.four {
+        cols_of::<L, true>(j, p0, p1)
+    } else {
+        cols_of::<L, false>(j, p0, p1)
+    }
+}
+
+#[inline(always)]
+unsafe fn cols_of<L: IntLanes, const FOUR: bool>(j: &Job, p0: usize, p1: usize) {
     let Job { t, n, .. } = *j;
     let whole = p1.min(n / NR).max(p0);
     let mut p = p0;
     if t == 1 {
         if L::WIDE {
             while p + 4 <= whole {
-                tile::<L, 1, 4>(j, p, 0);
+                tile::<L, 1, 4, FOUR>(j, p, 0);
                 p += 4;
             }
         } else {
             while p + 2 <= whole {
-                tile::<L, 1, 2>(j, p, 0);
+                tile::<L, 1, 2, FOUR>(j, p, 0);
                 p += 2;
             }
         }
     } else if L::WIDE {
         while p + 3 <= whole {
-            rows::<L, 4, 3>(j, p);
+            rows::<L, 4, 3, FOUR>(j, p);
             p += 3;
         }
         while p < whole {
-            rows::<L, 4, 1>(j, p);
+            rows::<L, 4, 1, FOUR>(j, p);
             p += 1;
         }
     } else {
         while p < whole {
-            rows::<L, 2, 1>(j, p);
+            rows::<L, 2, 1, FOUR>(j, p);
             p += 1;
         }
     }
     for q in p..whole {
-        tile::<L, 1, 1>(j, q, 0); // decode's last few panels
+        tile::<L, 1, 1, FOUR>(j, q, 0); // decode's last few panels
     }
     cols_portable(j, whole, p1);
 }
 
 /// Every row against the whole panels `p..p+G`, `R` rows at a time, then one at a time.
 #[inline(always)]
-unsafe fn rows<L: IntLanes, const R: usize, const G: usize>(j: &Job, p: usize) {
+unsafe fn rows<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j: &Job, p: usize) {
     let mut r = 0;
     while r + R <= j.t {
-        tile::<L, R, G>(j, p, r);
+        tile::<L, R, G, FOUR>(j, p, r);
         r += R;
     }
     while r < j.t {
-        tile::<L, 1, G>(j, p, r);
+        tile::<L, 1, G, FOUR>(j, p, r);
         r += 1;
     }
 }

@@ -20,7 +20,7 @@
 //! - `lanes`: the register vocabulary, a panel row in each ISA's registers;
 //! - `dispatch`: the one `kernels!` macro, which each concern below invokes for its own kernels;
 //! - `rows` (dot, sum, max, LayerNorm, softmax, GELU), `attention` (its one home), `int8`
-//!   (W8A8 quantization and block dot products), `gemm` (sources, tiles, drivers; the reference).
+//!   (activation quantization and the integer block dot products of W8A8 and llama.cpp's types), `gemm` (sources, tiles, drivers; the reference).
 //!
 //! This file only re-exports.
 
@@ -42,7 +42,7 @@ pub use int8::QuantizedActs;
 pub use isa::{cpu_features, Isa};
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
-    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, PackedMatrix, WeightType, NR, Q8_BLOCK,
-    W8_BLOCK,
+    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, widen_blocks, PackedMatrix, WeightType, NR,
+    Q8_BLOCK, QK_K, W8_BLOCK,
 };
 pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};

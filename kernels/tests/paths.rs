@@ -187,7 +187,7 @@ fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix(
                 WeightType::F16 => 1.0 / 2048.0,
                 WeightType::Bf16 => 1.0 / 256.0,
                 WeightType::Q8 => 1.0 / 254.0,
-                WeightType::W8A8 => unreachable!("W8A8 has its own tests"),
+                _ => unreachable!("the integer types have their own tests"),
             };
             for i in 0..k {
                 let amax = w[i * n..(i + 1) * n].iter().fold(0.0f32, |m, x| m.max(x.abs()));

@@ -3,7 +3,7 @@
 use crate::config::Config;
 use crate::error::Result;
 use crate::weights::{names, Weights};
-use kvgpt_kernels::{self as k, Isa, PackedMatrix, WeightType, Q8_BLOCK};
+use kvgpt_kernels::{self as k, Isa, PackedMatrix, WeightType};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -45,10 +45,9 @@ pub struct Model {
 }
 
 impl Conv1D {
-    fn load(ck: &Weights, name: &str, n_in: usize, n_out: usize, dtype: WeightType) -> Result<Conv1D> {
-        // Streamed row by row into the panels: the f32 matrix never exists whole.
-        let mut weight = PackedMatrix::zeros(n_in, n_out, dtype);
-        ck.tensor_rows(&format!("{name}.weight"), &[n_in, n_out], |i, row| weight.set_row(i, row))?;
+    fn load(ck: &Weights, name: &str, n_in: usize, n_out: usize, dtype: Option<WeightType>) -> Result<Conv1D> {
+        let w = format!("{name}.weight");
+        let weight = ck.matrix(&w, n_in, n_out, false, ck.held_type(&w, dtype)?)?;
         Ok(Conv1D { weight, bias: ck.tensor(&format!("{name}.bias"), &[n_out])? })
     }
 
@@ -81,25 +80,18 @@ impl Model {
     /// Loads the model holding its matrices as `dtype` (converted or quantized at load time;
     /// LayerNorms, biases and `wpe` stay f32).
     pub fn load_as(config_path: &Path, weights_path: &Path, dtype: WeightType) -> Result<Model> {
+        Model::load_holding(config_path, weights_path, Some(dtype))
+    }
+
+    /// Loads the model holding its matrices as `dtype`, or with None as the file stores each
+    /// (a GGUF's own types; f32 from safetensors).
+    pub fn load_holding(config_path: &Path, weights_path: &Path, dtype: Option<WeightType>) -> Result<Model> {
         let (config, ck) = Weights::open(config_path, weights_path)?;
         let (c, f) = (config.n_embd, config.n_inner);
         let v = config.vocab_size;
         // wte (the largest tensor) on one worker while the blocks load on the others.
         let (wte, h) = rayon::join(
-            || -> Result<_> {
-                // Streamed in blocks of Q8_BLOCK rows (columns of wteᵀ), each converted into its
-                // dtype, so it never sits in memory as f32 whole.
-                let mut wte = PackedMatrix::zeros(c, v, dtype);
-                let mut block = Vec::with_capacity(Q8_BLOCK * c);
-                ck.tensor_rows(names::WTE, &[v, c], |r, row| {
-                    block.extend_from_slice(row);
-                    if block.len() == Q8_BLOCK * c || r + 1 == v {
-                        wte.set_cols(r + 1 - block.len() / c, &block);
-                        block.clear();
-                    }
-                })?;
-                Ok(wte)
-            },
+            || ck.matrix(names::WTE, c, v, true, ck.held_type(names::WTE, dtype)?),
             || {
                 (0..config.n_layer)
                     .into_par_iter()
@@ -118,6 +110,8 @@ impl Model {
             },
         );
         let (wte, h) = (wte?, h?);
+        // What the model is called held as: its blocks' type (a GGUF's file type names the same).
+        let dtype = h.first().map_or(wte.weight_type(), |b: &Block| b.c_fc.weight.weight_type());
         Ok(Model {
             wte,
             no_bias: vec![0.0; v],

@@ -8,20 +8,13 @@
 //! matrices, biases and LayerNorms, `ln_f`, the embedding rows of the call's tokens, and the
 //! vocabulary matrix when logits are wanted. K/V bytes are f32, as the cache holds them.
 
-use super::gpt2::Model;
+use super::gpt2::{Conv1D, Model};
 use crate::work::Work;
-use kvgpt_kernels::{WeightType, Q8_BLOCK, W8_BLOCK};
+use kvgpt_kernels::PackedMatrix;
 
-/// Bytes of a `[k, n]` matrix held as `ty`, without the panels' padding.
-fn matrix_bytes(k: usize, n: usize, ty: WeightType) -> u64 {
-    let scales = |blocks: usize| 4 * blocks as u64;
-    let kn = (k * n) as u64;
-    match ty {
-        WeightType::F32 => 4 * kn,
-        WeightType::F16 | WeightType::Bf16 => 2 * kn,
-        WeightType::Q8 => kn + scales(k * n.div_ceil(Q8_BLOCK)),
-        WeightType::W8A8 => kn + scales(n * k.div_ceil(W8_BLOCK)),
-    }
+/// Bytes of a matrix as it is held, without the panels' padding.
+fn matrix_bytes(m: &PackedMatrix) -> u64 {
+    m.weight_type().unpadded_bytes(m.k(), m.n())
 }
 
 impl Model {
@@ -30,12 +23,12 @@ impl Model {
     pub fn work(&self, p: usize, t: usize, r: usize) -> Work {
         let cfg = &self.config;
         let (c, f, v, l) = (cfg.n_embd, cfg.n_inner, cfg.vocab_size, cfg.n_layer as u64);
-        let ty = self.dtype;
         let (t64, c64) = (t as u64, c as u64);
         // Per layer: c_attn [C, 3C], c_proj [C, C], c_fc [C, F], mlp c_proj [F, C].
         let matmul_macs = (c * 3 * c + c * c + c * f + f * c) as u64;
-        let mats =
-            matrix_bytes(c, 3 * c, ty) + matrix_bytes(c, c, ty) + matrix_bytes(c, f, ty) + matrix_bytes(f, c, ty);
+        let conv = |m: &Conv1D| matrix_bytes(&m.weight);
+        let mats: u64 =
+            self.h.iter().map(|b| conv(&b.c_attn) + conv(&b.attn_c_proj) + conv(&b.c_fc) + conv(&b.mlp_c_proj)).sum();
         let vectors = 4 * (4 * c + 3 * c + c + f + c) as u64; // 2 LayerNorms, 4 biases
                                                               // Query i (position p + i) reads the keys and values of positions 0..=p + i.
         let keys_read: u64 = (0..t).map(|i| (p + i + 1) as u64).sum();
@@ -44,10 +37,10 @@ impl Model {
         Work {
             positions: t64,
             macs: l * (t64 * matmul_macs + attn_macs) + (r * c * v) as u64,
-            weight_bytes: l * (mats + vectors)
+            weight_bytes: mats + l * vectors
                 + 4 * 2 * c64 // ln_f
-                + t64 * (matrix_bytes(c, v, ty) / v as u64 + 4 * c64) // each token's wte and wpe rows
-                + if wants_logits { matrix_bytes(c, v, ty) } else { 0 },
+                + t64 * (matrix_bytes(&self.wte) / v as u64 + 4 * c64) // each token's wte and wpe rows
+                + if wants_logits { matrix_bytes(&self.wte) } else { 0 },
             kv_read_bytes: l * 2 * c64 * 4 * keys_read,
             kv_written_bytes: l * 2 * c64 * 4 * t64,
         }

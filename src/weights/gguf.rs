@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 pub use facts::GgufFacts;
 use half::{bf16, f16};
+use kvgpt_kernels::{widen_blocks, WeightType};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -29,12 +30,13 @@ pub fn is_gguf(path: &Path) -> bool {
     File::open(path).and_then(|f| read_at(&f, &mut magic, 0)).is_ok() && &magic == MAGIC
 }
 
+/// A tensor's type: a float type, or one of llama.cpp's block types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     F32,
     F16,
     Bf16,
-    Q8_0,
+    Blocks(WeightType),
 }
 
 impl Kind {
@@ -42,28 +44,43 @@ impl Kind {
         Some(match t {
             0 => Kind::F32,
             1 => Kind::F16,
-            8 => Kind::Q8_0,
+            2 => Kind::Blocks(WeightType::Q4_0),
+            3 => Kind::Blocks(WeightType::Q4_1),
+            6 => Kind::Blocks(WeightType::Q5_0),
+            7 => Kind::Blocks(WeightType::Q5_1),
+            8 => Kind::Blocks(WeightType::Q8_0),
+            12 => Kind::Blocks(WeightType::Q4K),
+            13 => Kind::Blocks(WeightType::Q5K),
+            14 => Kind::Blocks(WeightType::Q6K),
             30 => Kind::Bf16,
             _ => return None,
         })
     }
 
-    /// Bytes of `n` elements (a whole number of blocks for Q8_0).
+    /// Bytes of `n` elements (None unless they are whole blocks).
     fn bytes(self, n: usize) -> Option<usize> {
         match self {
             Kind::F32 => n.checked_mul(4),
             Kind::F16 | Kind::Bf16 => n.checked_mul(2),
-            Kind::Q8_0 => n.is_multiple_of(32).then(|| n / 32 * 34),
+            Kind::Blocks(ty) => {
+                let (elems, size) = ty.ggml_block().expect("a block type");
+                n.is_multiple_of(elems).then(|| n / elems * size)
+            }
+        }
+    }
+
+    /// The type kvgpt holds it as when it keeps the file's weights.
+    fn held(self) -> WeightType {
+        match self {
+            Kind::F32 => WeightType::F32,
+            Kind::F16 => WeightType::F16,
+            Kind::Bf16 => WeightType::Bf16,
+            Kind::Blocks(ty) => ty,
         }
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            Kind::F32 => "f32",
-            Kind::F16 => "f16",
-            Kind::Bf16 => "bf16",
-            Kind::Q8_0 => "q8_0",
-        }
+        self.held().name()
     }
 }
 
@@ -127,8 +144,8 @@ impl Gguf {
                 let t = c.u32()?;
                 let kind = Kind::of(t).ok_or_else(|| {
                     Bad::Unsupported(format!(
-                        "tensor `{name}` is {}, which kvgpt does not read; it reads F32, F16, BF16 and Q8_0 GGUFs \
-                         (convert_hf_to_gguf.py --outtype f32, f16, bf16 or q8_0 writes one)",
+                        "tensor `{name}` is {}, which kvgpt does not read; it reads F32, F16, BF16, Q8_0, Q4_0, \
+                         Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (llama-quantize writes them)",
                         ggml_type_name(t)
                     ))
                 })?;
@@ -153,6 +170,13 @@ impl Gguf {
                 n.and_then(|n| t.kind.bytes(n)).and_then(|b| data_start.checked_add(t.offset)?.checked_add(b as u64));
             if end.is_none_or(|e| e > len) {
                 return Err(corrupt(format!("tensor `{name}` lies beyond the end of the file")));
+            }
+            if t.kind.bytes(t.dims.first().copied().unwrap_or(1)).is_none() {
+                return Err(corrupt(format!(
+                    "tensor `{name}` is {} with rows of {} elements, not whole blocks",
+                    t.kind.name(),
+                    t.dims[0]
+                )));
             }
         }
         Ok(Gguf { file: path.into(), version: found_version, file_bytes: len, f, meta, tensors, data_start })
@@ -295,13 +319,11 @@ impl Gguf {
             Kind::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))).collect(),
             Kind::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Kind::Bf16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            Kind::Q8_0 => bytes
-                .chunks_exact(34)
-                .flat_map(|b| {
-                    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                    b[2..].iter().map(move |&q| d * q as i8 as f32)
-                })
-                .collect(),
+            Kind::Blocks(ty) => {
+                let mut out = vec![0.0f32; n];
+                widen_blocks(ty, &bytes, &mut out).map_err(|e| self.corrupt_tensor(name, e))?;
+                out
+            }
         };
         if let Some(i) = data.iter().position(|x| !x.is_finite()) {
             return Err(Error::NonFinite {
@@ -339,6 +361,43 @@ impl Gguf {
     /// Streams tensor `hf`'s rows (HF's layout, shape `want`) to `f`, about 1 MiB of the file at
     /// a time where the rows lie in the file as they are (`wte`, the largest, does), so it never
     /// sits in memory whole as f32. Returns its stored type's name.
+    fn corrupt_tensor(&self, name: &str, reason: String) -> Error {
+        Error::CorruptGguf { file: self.file.clone(), reason: format!("tensor `{name}`: {reason}") }
+    }
+
+    /// The type tensor `hf` is stored as, held as kvgpt holds it.
+    pub fn held_type(&self, hf: &str) -> Result<WeightType> {
+        Ok(self.lookup(hf)?.2.kind.held())
+    }
+
+    /// The type most of the model's matrices are stored as (its first MLP's), as kvgpt holds it.
+    pub fn main_type(&self) -> Option<WeightType> {
+        self.tensors.get("blk.0.ffn_up.weight").map(|t| t.kind.held())
+    }
+
+    /// Streams the rows of a block-type tensor as the file holds them (row `r`, its `ne0`
+    /// elements' blocks) to `f`: a Conv1D weight's column `r`, or token `r`'s embedding.
+    pub fn block_rows(&self, hf: &str, want: &[usize], mut f: impl FnMut(usize, &[u8]) -> Result<()>) -> Result<()> {
+        let (name, _, t) = self.checked(hf, want)?;
+        let (ne0, rows) = (t.dims[0], t.dims.iter().skip(1).product::<usize>());
+        let row_bytes = t.kind.bytes(ne0).expect("checked at open: whole blocks");
+        let block = ((1 << 20) / row_bytes.max(1)).max(1);
+        let mut buf = Vec::new();
+        for r0 in (0..rows).step_by(block) {
+            let r1 = (r0 + block).min(rows);
+            buf.resize((r1 - r0) * row_bytes, 0);
+            let at = self.data_start + t.offset + (r0 * row_bytes) as u64;
+            read_at(&self.f, &mut buf, at).map_err(|e| Error::io(&self.file, e))?;
+            for (i, row) in buf.chunks_exact(row_bytes).enumerate() {
+                f(r0 + i, row).map_err(|e| match e {
+                    Error::Invalid(reason) => self.corrupt_tensor(&name, reason),
+                    e => e,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn tensor_rows(&self, hf: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
         let (name, transposed, t) = self.checked(hf, want)?;
         let row: usize = want.iter().skip(1).product();

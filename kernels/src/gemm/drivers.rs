@@ -55,7 +55,7 @@ unsafe fn packed_cols_body<T: TileKernel>(c: &Call, p0: usize, p1: usize) {
         Storage::Q8 { q, scales } => {
             packed_generic::<_, T>(&Job { src: &Panels::<Q8s>::new(q, scales, k), out, inp, bias, t, k, n }, p0, p1)
         }
-        Storage::W8A8(w) => T::int8(&int8::Job { w, a: acts, out, bias, t, n }, p0, p1),
+        Storage::Ints(w) => T::int8(&int8::Job { w, a: acts, out, bias, t, n }, p0, p1),
     }
 }
 

@@ -54,7 +54,7 @@ pub fn matmul_packed(
     if t == 0 {
         return;
     }
-    if let Storage::W8A8(w8) = &w.data {
+    if let Storage::Ints(w8) = &w.data {
         acts.fill(isa, inp, t, k, w8.kp);
     }
     let call = Call { out: SendPtr(out.as_mut_ptr()), inp, acts, w, bias, t };

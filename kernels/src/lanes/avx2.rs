@@ -107,6 +107,21 @@ impl IntLanes for Yi {
         (w(p), w(p.add(32)))
     }
     #[inline(always)]
+    unsafe fn load_w4(p: *const u8) -> (Self::W, Self::W) {
+        let m = _mm256_set1_epi8(0x0F);
+        let (v0, v1) = (_mm256_loadu_si256(p as *const __m256i), _mm256_loadu_si256(p.add(32) as *const __m256i));
+        let hi = |v| _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+        ((_mm256_and_si256(v0, m), _mm256_and_si256(v1, m)), (hi(v0), hi(v1)))
+    }
+    /// Unsigned weights below 16 times signed activations: `pmaddubsw` as it is (pairs at most
+    /// 2·15·128, nothing saturates).
+    #[inline(always)]
+    unsafe fn dot4u(acc: Yi, (_, a): Self::A, (w0, w1): Self::W) -> Yi {
+        let ones = _mm256_set1_epi16(1);
+        let d = |w| _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones);
+        Yi(_mm256_add_epi32(acc.0, d(w0)), _mm256_add_epi32(acc.1, d(w1)))
+    }
+    #[inline(always)]
     unsafe fn dot4(acc: Yi, (abs, a): Self::A, (w0, w1): Self::W) -> Yi {
         let ones = _mm256_set1_epi16(1);
         let d = |w| _mm256_madd_epi16(_mm256_maddubs_epi16(abs, _mm256_sign_epi8(w, a)), ones);

@@ -96,7 +96,17 @@ impl IntLanes for Zi {
         _mm512_loadu_si512(p as *const __m512i)
     }
     #[inline(always)]
+    unsafe fn load_w4(p: *const u8) -> (__m512i, __m512i) {
+        let v = _mm512_loadu_si512(p as *const __m512i);
+        let m = _mm512_set1_epi8(0x0F);
+        (_mm512_and_si512(v, m), _mm512_and_si512(_mm512_srli_epi16(v, 4), m))
+    }
+    #[inline(always)]
     unsafe fn dot4(acc: Zi, a: __m512i, w: __m512i) -> Zi {
+        Zi(_mm512_dpbusd_epi32(acc.0, w, a))
+    }
+    #[inline(always)]
+    unsafe fn dot4u(acc: Zi, a: __m512i, w: __m512i) -> Zi {
         Zi(_mm512_dpbusd_epi32(acc.0, w, a))
     }
     #[inline(always)]

@@ -48,11 +48,16 @@ pub(crate) trait IntLanes: Copy {
     const WIDE: bool;
     unsafe fn prep(a4: i32) -> Self::A;
     unsafe fn load_w(p: *const u8) -> Self::W;
+    /// One 64-byte line of a 4-bit panel: the low nibbles (rows `8g..8g+4`) and the high ones
+    /// (`8g+4..8g+8`), each as unsigned bytes 0..15 for [`IntLanes::dot4u`].
+    unsafe fn load_w4(p: *const u8) -> (Self::W, Self::W);
     /// The block's starting sums: 0, or `-corr` (the activation block's `-128 Σ qa`) where the
     /// dot products see the weights' offset.
     unsafe fn start(corr: i32) -> Self;
     /// `acc[l] += Σ_{m<4} a[m] · w[4l + m]`, exactly.
     unsafe fn dot4(acc: Self, a: Self::A, w: Self::W) -> Self;
+    /// As [`IntLanes::dot4`] for weights that are unsigned bytes below 128 (nibbles).
+    unsafe fn dot4u(acc: Self, a: Self::A, w: Self::W) -> Self;
     /// The block sums (exact integers) as f32.
     unsafe fn to_f32(acc: Self) -> Self::F;
 }

@@ -31,14 +31,25 @@ pub(crate) fn w8_index(kp: usize, p: usize, i: usize, j: usize) -> usize {
     (p * kp + (i & !3)) * NR + 4 * j + (i & 3)
 }
 
+/// Where 4-bit element (row `i`, lane `j`) of panel `p` lives, in a matrix padded to `kp` rows:
+/// the byte (laid out as [`w8_index`] lays out rows `i & !7 ..` of a half-height panel) and the
+/// nibble's shift. Rows in groups of eight: one 64-byte line of a panel holds each column's rows
+/// `8g..8g+4` in its low nibbles and `8g+4..8g+8` in its high ones, so one load and two masks
+/// give the operands of two integer dot products.
+#[inline(always)]
+pub(crate) fn w4_index(kp: usize, p: usize, i: usize, j: usize) -> (usize, u32) {
+    ((p * kp / 2 + (i & !7) / 2) * NR + 4 * j + (i & 3), if i & 4 == 0 { 0 } else { 4 })
+}
+
 /// A stored W8A8 weight's int8 value.
 #[inline(always)]
 pub(crate) fn w8_value(u: u8) -> i8 {
     (u ^ 0x80) as i8
 }
 
-/// Where the [`NR`] scales of panel `p`'s block `b` start.
+/// Where the [`NR`] scales (and minimums) of panel `p`'s sub-block `s` start, for sub-blocks of
+/// `sub` rows (32, or 16 for Q6_K).
 #[inline(always)]
-pub(crate) fn w8_block_index(kp: usize, p: usize, b: usize) -> usize {
-    (p * (kp / W8_BLOCK) + b) * NR
+pub(crate) fn sub_block_index(kp: usize, sub: usize, p: usize, s: usize) -> usize {
+    (p * (kp / sub) + s) * NR
 }

@@ -14,13 +14,18 @@
 //! holds the storage itself and fills it. It imports no kernel.
 
 mod formats;
+mod ggml;
+mod ints;
 mod layout;
 
 pub use formats::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
+pub use ggml::QK_K;
+pub use ints::widen_blocks;
 pub use layout::{NR, Q8_BLOCK, W8_BLOCK};
 
 pub(crate) use formats::{Bf16s, F16s, F32s, Format, Panels, Q8s};
-pub(crate) use layout::{panel_index, scale_index, w8_block_index, w8_index, w8_value};
+pub(crate) use ints::Ints;
+pub(crate) use layout::{panel_index, scale_index, sub_block_index, w4_index, w8_index};
 
 use crate::aligned::Aligned;
 
@@ -37,12 +42,33 @@ pub enum WeightType {
     /// multiplied with activations quantized to int8 per token and block: exact integer block
     /// sums, combined in f32 in block order (integer dot products: VNNI, AVX2's `pmaddubsw`).
     W8A8,
+    /// llama.cpp's block types, held as their blocks say (see `ggml`) and multiplied as W8A8 is.
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4K,
+    Q5K,
+    Q6K,
 }
 
 impl WeightType {
-    /// Every type, in the order the CLI lists them.
-    pub const ALL: [WeightType; 5] =
-        [WeightType::F32, WeightType::F16, WeightType::Bf16, WeightType::Q8, WeightType::W8A8];
+    /// Every type weights can be converted to at load, in the order the CLI lists them (the
+    /// others, Q5_K and Q6_K, are read from GGUF files as they are).
+    pub const ALL: [WeightType; 11] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::Bf16,
+        WeightType::Q8,
+        WeightType::W8A8,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::Q4K,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -51,6 +77,35 @@ impl WeightType {
             WeightType::Bf16 => "bf16",
             WeightType::Q8 => "q8",
             WeightType::W8A8 => "w8a8",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q4_0 => "q4_0",
+            WeightType::Q4_1 => "q4_1",
+            WeightType::Q5_0 => "q5_0",
+            WeightType::Q5_1 => "q5_1",
+            WeightType::Q4K => "q4_k",
+            WeightType::Q5K => "q5_k",
+            WeightType::Q6K => "q6_k",
+        }
+    }
+
+    /// Whether the activations are quantized too (integer dot products).
+    pub fn is_integer(self) -> bool {
+        self.int_shape().is_some()
+    }
+
+    /// Bytes of a `[K, N]` matrix held as this type, without the panels' padding: what one pass
+    /// over it streams.
+    pub fn unpadded_bytes(self, k: usize, n: usize) -> u64 {
+        let kn = (k * n) as u64;
+        match self {
+            WeightType::F32 => 4 * kn,
+            WeightType::F16 | WeightType::Bf16 => 2 * kn,
+            WeightType::Q8 => kn + 4 * (k * n.div_ceil(Q8_BLOCK)) as u64,
+            ty => {
+                let sh = ty.int_shape().expect("an integer type");
+                let subs = (n * k.div_ceil(sh.sub)) as u64;
+                kn / if sh.four { 2 } else { 1 } + 4 * subs * if sh.mins { 2 } else { 1 }
+            }
         }
     }
 }
@@ -61,22 +116,7 @@ pub(crate) enum Storage {
     F16(Aligned<u16>),
     Bf16(Aligned<u16>),
     Q8 { q: Aligned<i8>, scales: Vec<f32> },
-    W8A8(W8),
-}
-
-/// W8A8 weights. The reduction is padded with zero rows to `kp`, a multiple of [`W8_BLOCK`];
-/// [`w8_index`] spells the layout, [`w8_block_index`] where a block's scales and sums are.
-pub(crate) struct W8 {
-    pub(crate) kp: usize,
-    /// The int8 values offset by 128 (`q ^ 0x80` as unsigned bytes): the operand order of
-    /// VNNI's unsigned × signed dot product, with no conversion in the loop ([`w8_value`]).
-    pub(crate) q: Aligned<u8>,
-    /// Per panel, block and lane: the column's scale over the block.
-    pub(crate) scales: Vec<f32>,
-    /// Rows of the block being streamed in by [`PackedMatrix::set_row`], until it is whole.
-    stage: Vec<f32>,
-    /// The next row `set_row` expects.
-    next_row: usize,
+    Ints(Ints),
 }
 
 impl Storage {
@@ -86,7 +126,7 @@ impl Storage {
             Storage::F16(_) => WeightType::F16,
             Storage::Bf16(_) => WeightType::Bf16,
             Storage::Q8 { .. } => WeightType::Q8,
-            Storage::W8A8(_) => WeightType::W8A8,
+            Storage::Ints(w) => w.ty,
         }
     }
 
@@ -96,7 +136,7 @@ impl Storage {
             Storage::F32(v) => v.len() * 4,
             Storage::F16(v) | Storage::Bf16(v) => v.len() * 2,
             Storage::Q8 { q, scales } => q.len() + scales.len() * 4,
-            Storage::W8A8(w) => w.q.len() + w.scales.len() * 4,
+            Storage::Ints(w) => w.bytes(),
         }
     }
 }
@@ -165,10 +205,7 @@ impl PackedMatrix {
             WeightType::F32 => len * 4,
             WeightType::F16 | WeightType::Bf16 => len * 2,
             WeightType::Q8 => len + n.div_ceil(Q8_BLOCK) * k * 4,
-            WeightType::W8A8 => {
-                let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
-                panels * kp * NR + panels * (kp / W8_BLOCK) * NR * 4
-            }
+            ty => Ints::bytes_of(ty, k, n),
         }
     }
 
@@ -182,17 +219,7 @@ impl PackedMatrix {
             WeightType::F16 => Storage::F16(Aligned::zeroed(len)),
             WeightType::Bf16 => Storage::Bf16(Aligned::zeroed(len)),
             WeightType::Q8 => Storage::Q8 { q: Aligned::zeroed(len), scales: vec![1.0; n.div_ceil(Q8_BLOCK) * k] },
-            WeightType::W8A8 => {
-                let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
-                let blocks = panels * (kp / W8_BLOCK) * NR;
-                Storage::W8A8(W8 {
-                    kp,
-                    q: Aligned::zeroed(panels * kp * NR),
-                    scales: vec![0.0; blocks],
-                    stage: Vec::new(),
-                    next_row: 0,
-                })
-            }
+            ty => Storage::Ints(Ints::zeros(ty, k, n)),
         };
         PackedMatrix { k, n, panels, data }
     }
@@ -207,21 +234,9 @@ impl PackedMatrix {
             self.k,
             self.n
         );
-        if let Storage::W8A8(w8) = &mut self.data {
-            // A W8A8 scale spans 32 rows: stage them until the block is whole.
-            assert!(i == w8.next_row, "set_row: W8A8 rows arrive in order (row {i} after {})", w8.next_row);
-            w8.next_row += 1;
-            w8.stage.extend_from_slice(row);
-            let b = i / W8_BLOCK;
-            let rows = W8_BLOCK.min(self.k - b * W8_BLOCK);
-            if w8.stage.len() == rows * self.n {
-                let stage = std::mem::take(&mut w8.stage);
-                let n = self.n;
-                for c in 0..n {
-                    self.store_w8(c, b, rows, |ii| stage[ii * n + c]);
-                }
-            }
-            return;
+        if let Storage::Ints(w) = &mut self.data {
+            // An integer scale spans a block of rows: they are staged until it is whole.
+            return w.set_row(i, self.k, row);
         }
         for c0 in (0..self.n).step_by(Q8_BLOCK) {
             self.store(i, c0, Q8_BLOCK.min(self.n - c0), |j| row[c0 + j]);
@@ -243,12 +258,9 @@ impl PackedMatrix {
             cols.len(),
             self.n
         );
-        if let Storage::W8A8(_) = self.data {
+        if let Storage::Ints(w) = &mut self.data {
             for j in 0..m {
-                for b in 0..k.div_ceil(W8_BLOCK) {
-                    let rows = W8_BLOCK.min(k - b * W8_BLOCK);
-                    self.store_w8(c0 + j, b, rows, |ii| cols[j * k + b * W8_BLOCK + ii]);
-                }
+                w.set_col(c0 + j, k, &cols[j * k..(j + 1) * k]);
             }
             return;
         }
@@ -257,17 +269,15 @@ impl PackedMatrix {
         }
     }
 
-    /// Quantizes column `c` over block `b` (its first `rows` rows are `w(0..rows)`, the padding
-    /// stays 0): the block's max-abs scale and the int8 values.
-    fn store_w8(&mut self, c: usize, b: usize, rows: usize, w: impl Fn(usize) -> f32) {
-        let Storage::W8A8(w8) = &mut self.data else { unreachable!("store_w8 on a W8A8 matrix only") };
-        let (p, j) = (c / NR, c % NR);
-        let amax = (0..rows).map(|ii| w(ii).abs()).fold(0.0f32, f32::max);
-        let s = scale_of(amax);
-        for ii in 0..rows {
-            w8.q[w8_index(w8.kp, p, b * W8_BLOCK + ii, j)] = quantize(w(ii), s) as u8 ^ 0x80;
+    /// Stores column `c` from one row of a GGUF tensor of this matrix's block type (`raw`, the
+    /// `K` weights' blocks): the file's integers and scales as they are. An error says what in the
+    /// blocks no ggml quantizer writes.
+    pub fn set_col_blocks(&mut self, c: usize, raw: &[u8]) -> Result<(), String> {
+        assert!(c < self.n, "set_col_blocks: column {c} of a {}x{} matrix", self.k, self.n);
+        match &mut self.data {
+            Storage::Ints(w) if w.ty.ggml_block().is_some() => w.set_col_blocks(c, self.k, raw),
+            d => panic!("set_col_blocks on a {} matrix", d.weight_type().name()),
         }
-        w8.scales[w8_block_index(w8.kp, p, b) + j] = s;
     }
 
     /// Stores elements `(i, c0 + j)` = `w(j)` for `j < m` (one [`Q8_BLOCK`], or the matrix's
@@ -282,7 +292,7 @@ impl PackedMatrix {
             Storage::F32(d) => (0..m).for_each(|j| d[at(j)] = w(j)),
             Storage::F16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_f16_bits(w(j))),
             Storage::Bf16(d) => (0..m).for_each(|j| d[at(j)] = f32_to_bf16_bits(w(j))),
-            Storage::W8A8(_) => unreachable!("set_row and set_cols store W8A8 by blocks of rows"),
+            Storage::Ints(_) => unreachable!("set_row and set_cols store integers by blocks of rows"),
             Storage::Q8 { q, scales } => {
                 let amax = (0..m).map(|j| w(j).abs()).fold(0.0f32, f32::max);
                 let s = if amax > 0.0 { amax / 127.0 } else { 1.0 };
@@ -306,10 +316,7 @@ impl PackedMatrix {
             Storage::F16(d) => Panels::<F16s>::new(d, &[], k).row(p, i),
             Storage::Bf16(d) => Panels::<Bf16s>::new(d, &[], k).row(p, i),
             Storage::Q8 { q, scales } => Panels::<Q8s>::new(q, scales, k).row(p, i),
-            Storage::W8A8(w8) => {
-                let s = &w8.scales[w8_block_index(w8.kp, p, i / W8_BLOCK)..];
-                std::array::from_fn(|j| w8_value(w8.q[w8_index(w8.kp, p, i, j)]) as f32 * s[j])
-            }
+            Storage::Ints(w) => w.row(p, i),
         }
     }
 

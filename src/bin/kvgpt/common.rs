@@ -20,12 +20,14 @@ pub struct ModelArgs {
     /// Worker threads for the kernels (default: one per core); bench takes a comma-separated list.
     #[arg(long, short = 't', value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: Vec<u16>,
-    /// How the weight matrices are held: f32, f16 or bf16 (16-bit storage, f32 arithmetic); q8
-    /// (int8 weights with an f32 scale per row and 32 columns, f32 activations and arithmetic);
-    /// or w8a8 (int8 weights with a scale per column and 32 rows, times activations quantized to
-    /// int8 per token and 32 values: integer dot products). Both int8 types quantize at load.
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    pub dtype: Dtype,
+    /// How the weight matrices are held (default: as the file stores them; f32 from safetensors).
+    /// f32, f16 or bf16: float storage, f32 arithmetic. q8: int8 with an f32 scale per row and
+    /// 32 columns, f32 activations. The integer types multiply activations quantized to int8 per
+    /// token and 32 values, with exact integer dot products: w8a8 (int8, an f32 scale per column
+    /// and 32 rows) and llama.cpp's q8_0, q4_0, q4_1, q5_0, q5_1 (its reference quantizers) and
+    /// q4_k (its format, rounded to nearest). A GGUF's q5_k and q6_k are read as they are.
+    #[arg(long, value_enum)]
+    pub dtype: Option<Dtype>,
     /// The instruction set the kernels use (default: the best this CPU has). Any of them gives
     /// the same bits; this is for measuring one against another.
     #[arg(long, value_name = "NAME")]
@@ -39,16 +41,35 @@ pub enum Dtype {
     Bf16,
     Q8,
     W8a8,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "q4_k")]
+    Q4K,
 }
 
 impl Dtype {
     pub fn weight_type(self) -> kvgpt::WeightType {
+        use kvgpt::WeightType as W;
         match self {
-            Dtype::F32 => kvgpt::WeightType::F32,
-            Dtype::F16 => kvgpt::WeightType::F16,
-            Dtype::Bf16 => kvgpt::WeightType::Bf16,
-            Dtype::Q8 => kvgpt::WeightType::Q8,
-            Dtype::W8a8 => kvgpt::WeightType::W8A8,
+            Dtype::F32 => W::F32,
+            Dtype::F16 => W::F16,
+            Dtype::Bf16 => W::Bf16,
+            Dtype::Q8 => W::Q8,
+            Dtype::W8a8 => W::W8A8,
+            Dtype::Q8_0 => W::Q8_0,
+            Dtype::Q4_0 => W::Q4_0,
+            Dtype::Q4_1 => W::Q4_1,
+            Dtype::Q5_0 => W::Q5_0,
+            Dtype::Q5_1 => W::Q5_1,
+            Dtype::Q4K => W::Q4K,
         }
     }
 }
@@ -120,13 +141,41 @@ pub fn chosen_isa(m: &ModelArgs) -> Result<Option<kvgpt_kernels::Isa>> {
     Ok(Some(isa))
 }
 
+impl ModelArgs {
+    /// The type asked for with --dtype, if any.
+    pub fn weight_type(&self) -> Option<kvgpt::WeightType> {
+        self.dtype.map(Dtype::weight_type)
+    }
+}
+
 pub fn load(m: &ModelArgs) -> Result<Loaded> {
     let isa = chosen_isa(m)?;
-    let mut loaded = kvgpt::load_as(&locate(m)?, m.dtype.weight_type())?;
+    let files = locate(m)?;
+    if let (Some(ty), Some(stored)) = (m.weight_type(), kvgpt::weights::gguf_main_type(&files.weights)) {
+        if ty != stored {
+            eprintln!("{}", conversion_note(&files.weights, stored, ty));
+        }
+    }
+    let mut loaded = kvgpt::load_holding(&files, m.weight_type())?;
     if let Some(isa) = isa {
         loaded.model = loaded.model.with_isa(isa);
     }
     Ok(loaded)
+}
+
+/// What --dtype does to a GGUF stored as another type.
+fn conversion_note(file: &std::path::Path, stored: kvgpt::WeightType, ty: kvgpt::WeightType) -> String {
+    let how = if ty.is_integer() || ty == kvgpt::WeightType::Q8 {
+        "quantizes them again from their f32 values: the weights are no longer the file's"
+    } else {
+        "converts them from their f32 values (widened exactly)"
+    };
+    format!(
+        "note: {} holds {} weights; --dtype {} {how} (without --dtype they are held as they are)",
+        file.display(),
+        stored.name(),
+        ty.name()
+    )
 }
 
 /// A prompt file's text; one final newline is the file's, not the prompt's.

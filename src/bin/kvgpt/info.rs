@@ -23,7 +23,13 @@ pub fn run(a: &InfoArgs) -> Result<Outcome> {
         return Ok(Outcome::Done);
     }
     let c = &info.config;
-    let chosen = a.model.dtype.weight_type().name();
+    // The type the weights would be held as: --dtype's, else the GGUF's own, else f32.
+    let stored = kvgpt::weights::gguf_main_type(std::path::Path::new(&info.files.weights));
+    let (chosen, why) = match (a.model.weight_type(), stored) {
+        (Some(ty), _) => (ty, "(--dtype)"),
+        (None, Some(ty)) => (ty, "(as the file stores it; the default)"),
+        (None, None) => (kvgpt::WeightType::F32, "(the default)"),
+    };
     outln!("model      {}", info.name);
     match &info.gguf {
         // One file holds the weights, the config and the tokenizer: said once, with its header.
@@ -77,7 +83,7 @@ pub fn run(a: &InfoArgs) -> Result<Outcome> {
     );
     outln!("weights    held in memory, per --dtype:");
     for d in &info.weight_bytes {
-        let mark = if d.dtype == chosen { "  (--dtype)" } else { "" };
+        let mark = if d.dtype == chosen.name() { format!("  {why}") } else { String::new() };
         outln!("             {:<5} {:>10}{mark}", d.dtype, bytes(d.bytes));
     }
     outln!(

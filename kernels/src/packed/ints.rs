@@ -1,0 +1,200 @@
+//! Integer weights, multiplied with activations quantized per token and block of 32 (see the
+//! `int8` module): W8A8 and llama.cpp's block types, held as [`ggml`](super::ggml) decodes them.
+//!
+//! Per output column and sub-block of `sub` reduction rows (32, or 16 for Q6_K): integers `q`,
+//! an f32 `scale` and, for the types that have one, an f32 `min`; the weight is `scale · q + min`.
+//! The integers are held in 8 bits (offset by 128, [`w8_index`]) or, for the 4-bit types, in
+//! nibbles ([`w4_index`]); 5- and 6-bit values are held in 8 bits.
+
+use super::ggml::{self, Sub};
+use super::layout::{sub_block_index, w4_index, w8_index, w8_value, NR, W8_BLOCK};
+use super::WeightType;
+use crate::aligned::Aligned;
+
+/// How a type's integers are held.
+#[derive(Clone, Copy)]
+pub(crate) struct Shape {
+    /// 4-bit nibbles rather than bytes.
+    pub(crate) four: bool,
+    /// Rows per scale.
+    pub(crate) sub: usize,
+    /// Whether each sub-block has a minimum.
+    pub(crate) mins: bool,
+    /// Rows quantized together: one ggml block (32, or 256 for the k-quants).
+    pub(crate) unit: usize,
+}
+
+impl WeightType {
+    /// How the integer types are held; None for the float types and `q8`.
+    pub(crate) fn int_shape(self) -> Option<Shape> {
+        let s = |four, sub, mins, unit| Some(Shape { four, sub, mins, unit });
+        match self {
+            WeightType::W8A8 | WeightType::Q8_0 | WeightType::Q5_0 => s(false, 32, false, 32),
+            WeightType::Q4_0 | WeightType::Q4_1 => s(true, 32, true, 32),
+            WeightType::Q5_1 => s(false, 32, true, 32),
+            WeightType::Q4K => s(true, 32, true, ggml::QK_K),
+            WeightType::Q5K => s(false, 32, true, ggml::QK_K),
+            WeightType::Q6K => s(false, 16, false, ggml::QK_K),
+            WeightType::F32 | WeightType::F16 | WeightType::Bf16 | WeightType::Q8 => None,
+        }
+    }
+}
+
+/// A `[K, N]` matrix of integer weights in panels of [`NR`] columns, the reduction padded with
+/// zero rows to `kp`, a multiple of [`W8_BLOCK`].
+pub(crate) struct Ints {
+    pub(crate) ty: WeightType,
+    pub(crate) kp: usize,
+    pub(crate) sub: usize,
+    pub(crate) four: bool,
+    /// Bytes (int8 offset by 128: the operand order of VNNI's unsigned × signed dot product) or
+    /// nibble pairs (unsigned 0..15).
+    pub(crate) q: Aligned<u8>,
+    /// Per panel, sub-block and lane ([`sub_block_index`]).
+    pub(crate) scales: Vec<f32>,
+    /// As `scales`; empty for the types without minimums.
+    pub(crate) mins: Vec<f32>,
+    /// Rows streamed in by `set_row` until a unit is whole.
+    stage: Vec<f32>,
+    next_row: usize,
+    unit: usize,
+}
+
+impl Ints {
+    pub(crate) fn zeros(ty: WeightType, k: usize, n: usize) -> Ints {
+        let sh = ty.int_shape().expect("an integer type");
+        let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
+        let panels = n.div_ceil(NR);
+        let per_sub = panels * (kp / sh.sub) * NR;
+        Ints {
+            ty,
+            kp,
+            sub: sh.sub,
+            four: sh.four,
+            q: Aligned::zeroed(panels * kp * NR / if sh.four { 2 } else { 1 }),
+            scales: vec![0.0; per_sub],
+            mins: if sh.mins { vec![0.0; per_sub] } else { Vec::new() },
+            stage: Vec::new(),
+            next_row: 0,
+            unit: sh.unit,
+        }
+    }
+
+    /// Bytes held, padding included.
+    pub(crate) fn bytes(&self) -> usize {
+        self.q.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+
+    /// The bytes a `[K, N]` matrix of integer type `ty` holds.
+    pub(crate) fn bytes_of(ty: WeightType, k: usize, n: usize) -> usize {
+        let sh = ty.int_shape().expect("an integer type");
+        let (kp, panels) = (k.div_ceil(W8_BLOCK) * W8_BLOCK, n.div_ceil(NR));
+        let per_sub = panels * (kp / sh.sub) * NR;
+        panels * kp * NR / if sh.four { 2 } else { 1 } + 4 * per_sub * if sh.mins { 2 } else { 1 }
+    }
+
+    /// The integer of element (row `i`, lane `j`) of panel `p`.
+    #[inline(always)]
+    pub(crate) fn value(&self, p: usize, i: usize, j: usize) -> i32 {
+        if self.four {
+            let (at, shift) = w4_index(self.kp, p, i, j);
+            ((self.q[at] >> shift) & 0xF) as i32
+        } else {
+            w8_value(self.q[w8_index(self.kp, p, i, j)]) as i32
+        }
+    }
+
+    /// Panel `p`'s row `i` widened: `scale · q (+ min)`.
+    pub(crate) fn row(&self, p: usize, i: usize) -> [f32; NR] {
+        let at = sub_block_index(self.kp, self.sub, p, i / self.sub);
+        let mut out = [0.0f32; NR];
+        for (j, o) in out.iter_mut().enumerate() {
+            let v = self.scales[at + j] * self.value(p, i, j) as f32;
+            *o = if self.mins.is_empty() { v } else { v + self.mins[at + j] };
+        }
+        out
+    }
+
+    /// Stores column `c`'s sub-blocks from sub-block `s0` on (those past the padded reduction
+    /// are dropped: a unit's padding).
+    fn store(&mut self, c: usize, s0: usize, subs: &[Sub]) {
+        let (p, j) = (c / NR, c % NR);
+        for (s, sb) in subs.iter().enumerate().map(|(s, sb)| (s0 + s, sb)).take_while(|(s, _)| s * self.sub < self.kp) {
+            for (ii, &q) in sb.q[..self.sub].iter().enumerate() {
+                let i = s * self.sub + ii;
+                if self.four {
+                    let (at, shift) = w4_index(self.kp, p, i, j);
+                    self.q[at] = (self.q[at] & !(0xF << shift)) | ((q as u8 & 0xF) << shift);
+                } else {
+                    self.q[w8_index(self.kp, p, i, j)] = q as u8 ^ 0x80;
+                }
+            }
+            let at = sub_block_index(self.kp, self.sub, p, s) + j;
+            self.scales[at] = sb.scale;
+            if !self.mins.is_empty() {
+                self.mins[at] = sb.min;
+            }
+        }
+    }
+
+    /// Quantizes column `c`'s rows `u0..u0 + len` (`w(ii)` for `ii < len`), one unit, zero-padded.
+    fn quantize_unit(&mut self, c: usize, u0: usize, len: usize, w: impl Fn(usize) -> f32) {
+        let mut x = vec![0.0f32; self.unit];
+        x[..len].iter_mut().enumerate().for_each(|(ii, v)| *v = w(ii));
+        let mut subs = ggml::zeroed(self.unit / self.sub);
+        ggml::quantize(self.ty, &x, &mut subs);
+        self.store(c, u0 / self.sub, &subs);
+    }
+
+    /// Row `i` of `k` (`n` values), rows in order: staged until a unit is whole, then quantized.
+    pub(crate) fn set_row(&mut self, i: usize, k: usize, row: &[f32]) {
+        assert!(i == self.next_row, "set_row: integer rows arrive in order (row {i} after {})", self.next_row);
+        self.next_row += 1;
+        self.stage.extend_from_slice(row);
+        let u0 = i / self.unit * self.unit;
+        let rows = self.unit.min(k - u0);
+        let n = row.len();
+        if self.stage.len() == rows * n {
+            let stage = std::mem::take(&mut self.stage);
+            for c in 0..n {
+                self.quantize_unit(c, u0, rows, |ii| stage[ii * n + c]);
+            }
+        }
+    }
+
+    /// Column `c` whole (`k` values), quantized unit by unit.
+    pub(crate) fn set_col(&mut self, c: usize, k: usize, col: &[f32]) {
+        for u0 in (0..k).step_by(self.unit) {
+            self.quantize_unit(c, u0, self.unit.min(k - u0), |ii| col[u0 + ii]);
+        }
+    }
+
+    /// Column `c` from its blocks as a GGUF row holds them (the file's own weights, decoded).
+    pub(crate) fn set_col_blocks(&mut self, c: usize, k: usize, raw: &[u8]) -> Result<(), String> {
+        let (elems, bytes) = self.ty.ggml_block().expect("a ggml block type");
+        if !k.is_multiple_of(elems) || raw.len() != k / elems * bytes {
+            return Err(format!("{} bytes of {} blocks for a row of {k}", raw.len(), self.ty.name()));
+        }
+        let mut subs = ggml::zeroed(elems / self.sub);
+        for (b, blk) in raw.chunks_exact(bytes).enumerate() {
+            ggml::decode(self.ty, blk, &mut subs)?;
+            self.store(c, b * elems / self.sub, &subs);
+        }
+        Ok(())
+    }
+}
+
+/// One GGUF row of type `ty` (`k` weights in `raw`) widened to f32 as ggml widens it.
+pub fn widen_blocks(ty: WeightType, raw: &[u8], out: &mut [f32]) -> Result<(), String> {
+    let (elems, bytes) = ty.ggml_block().ok_or_else(|| format!("{} is not a ggml block type", ty.name()))?;
+    let sh = ty.int_shape().expect("block types are integer types");
+    if !raw.len().is_multiple_of(bytes) || out.len() != raw.len() / bytes * elems {
+        return Err(format!("{} bytes of {} blocks for {} weights", raw.len(), ty.name(), out.len()));
+    }
+    let mut subs = ggml::zeroed(elems / sh.sub);
+    for (blk, o) in raw.chunks_exact(bytes).zip(out.chunks_mut(elems)) {
+        ggml::decode(ty, blk, &mut subs)?;
+        ggml::widen(&subs, sh.sub, sh.mins, o);
+    }
+    Ok(())
+}

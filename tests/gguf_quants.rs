@@ -1,0 +1,115 @@
+//! GGUFs of llama.cpp's block types, written by llama.cpp itself from the fixture
+//! (`scripts/make_fixture_gguf.sh`: the converter for Q8_0, `llama-quantize --pure` for Q4_0,
+//! Q4_1, Q5_0 and Q5_1): held as the file stores them by default, they are the blocks `--dtype`
+//! makes of the safetensors source (llama.cpp's reference quantizers), so the logits are the same
+//! bits; the weights held are the file's, widened exactly; and they track Hugging Face's logits.
+
+mod common;
+
+use common::*;
+use kvgpt::{KvCache, Model, NoTap, Scratch, WeightType};
+use std::path::PathBuf;
+use std::process::Command;
+
+const TYPES: [(&str, WeightType); 5] = [
+    ("q8_0", WeightType::Q8_0),
+    ("q4_0", WeightType::Q4_0),
+    ("q4_1", WeightType::Q4_1),
+    ("q5_0", WeightType::Q5_0),
+    ("q5_1", WeightType::Q5_1),
+];
+
+fn gguf(t: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|f| f.to_bits()).collect()
+}
+
+fn all_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
+    let mut cache = KvCache::new(&model.config);
+    let mut scratch = Scratch::new(&model.config, ids.len());
+    let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
+    model.forward(ids, &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap();
+    logits
+}
+
+fn load(path: &std::path::Path, ty: Option<WeightType>) -> Model {
+    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    kvgpt::load_holding(&files, ty).unwrap().model
+}
+
+#[test]
+fn llama_cpp_blocks_are_what_dtype_makes_of_the_source() {
+    let reference = Reference::load();
+    for (name, ty) in TYPES {
+        let stored = load(&gguf(name), None);
+        assert_eq!(stored.weights_dtype(), name, "a {name} GGUF is held as {name} by default");
+        let source = Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), ty)
+            .unwrap();
+        assert_eq!(stored.weight_bytes(), source.weight_bytes(), "{name}: bytes held");
+        for p in reference.prompts().iter().take(4) {
+            assert_eq!(bits(&all_logits(&stored, &p.ids)), bits(&all_logits(&source, &p.ids)), "{name} {}", p.key);
+        }
+    }
+}
+
+#[test]
+fn the_weights_held_are_the_files_and_track_hf() {
+    let reference = Reference::load();
+    let v = 50257;
+    for (name, _) in TYPES {
+        let stored = load(&gguf(name), None);
+        // The same file widened to f32 (ggml's dequantization): the held weights are those values.
+        let widened = load(&gguf(name), Some(WeightType::F32));
+        for c in [0, 1, 17, 50256] {
+            assert_eq!(bits(&stored.wte.column(c)), bits(&widened.wte.column(c)), "{name}: wte column {c}");
+        }
+        let (a, b) = (&stored.h[1].c_fc.weight, &widened.h[1].c_fc.weight);
+        assert_eq!(bits(&a.unpack()), bits(&b.unpack()), "{name}: h.1.mlp.c_fc");
+        // Held 4-bit types take under a fifth of f32's bytes, 5- and 8-bit ones under a third.
+        let ratio = widened.weight_bytes() as f64 / stored.weight_bytes() as f64;
+        assert!(ratio > if name.starts_with("q4") { 5.0 } else { 3.0 }, "{name}: {ratio}");
+        let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
+        let mut worst_w = 0.0f32;
+        for p in reference.prompts() {
+            if let Some((_, want)) = reference.tensor(&format!("{}.logits", p.key)) {
+                let got = all_logits(&stored, &p.ids);
+                worst_w = worst_w.max(max_abs_diff(&all_logits(&widened, &p.ids), &want));
+                worst = worst.max(max_abs_diff(&got, &want));
+                for r in 0..p.ids.len() {
+                    let (x, y) = (&got[r * v..(r + 1) * v], &want[r * v..(r + 1) * v]);
+                    agree += usize::from(kvgpt::sampler::argmax(x) == kvgpt::sampler::argmax(y));
+                    n += 1;
+                }
+            }
+        }
+        println!("{name} GGUF held as {name}: max |Δlogit| {worst:.3} against HF (widened to f32: {worst_w:.3}), top-1 agreement {agree}/{n}");
+        // The 4- and 5-bit formats move this tiny random model's logits by themselves (the widened
+        // weights with f32 activations do as much); the int8 activations add little to that.
+        assert!(worst <= 1.25 * worst_w + 0.15 && agree * 2 >= n, "{name}: {worst} vs {worst_w}, {agree}/{n}");
+    }
+}
+
+#[test]
+fn dtype_converts_a_gguf_only_when_asked_and_says_so() {
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap();
+    let m = gguf("q4_0").to_string_lossy().into_owned();
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::Deserializer::from_slice(&out.stdout).into_iter().next().unwrap().unwrap()
+    };
+    let out = run(&["generate", "-m", &m, "-n", "4", "--json", "Hello"]);
+    assert_eq!(json(&out)["dtype"], "q4_0");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"), "no conversion, no note");
+    let out = run(&["generate", "-m", &m, "-n", "4", "--json", "--dtype", "f32", "Hello"]);
+    assert_eq!(json(&out)["dtype"], "f32");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("holds q4_0 weights; --dtype f32 converts them"), "{err}");
+    let out = run(&["generate", "-m", &m, "-n", "4", "--json", "--dtype", "q8", "Hello"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--dtype q8 quantizes them again") && err.contains("no longer the file's"), "{err}");
+    let info = String::from_utf8_lossy(&run(&["info", "-m", &m]).stdout).into_owned();
+    assert!(info.contains("q4_0") && info.contains("(as the file stores it; the default)"), "{info}");
+}
