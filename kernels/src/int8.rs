@@ -188,10 +188,8 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
         let mut start = [L::start(0); R];
         for r in 0..R {
             asum[r] = j.act_sum(r0 + r, s);
-            if !FOUR {
-                // Bytes are offset by 128; nibbles are their own values.
-                start[r] = L::start(128 * asum[r]);
-            }
+            // Bytes are offset by 128, nibbles by `w.offset`: the sums take that off.
+            start[r] = if FOUR { L::start_u(w.offset * asum[r]) } else { L::start(128 * asum[r]) };
         }
         let mut isum = [start; G];
         if FOUR {

@@ -43,7 +43,7 @@ fn decode(name: &str, raw: &[u8]) -> Col {
             let nib = |qs: &[u8], i: usize| ((qs[i % 16] >> (4 * (i / 16))) & 15) as i64;
             let q = match name {
                 "Q8_0" => b[2 + e] as i8 as i64,
-                "Q4_0" => nib(&b[2..], e),
+                "Q4_0" => nib(&b[2..], e) - 8,
                 "Q4_1" => nib(&b[4..], e),
                 "Q5_0" | "Q5_1" => {
                     let at = if name == "Q5_0" { 2 } else { 4 };
@@ -71,11 +71,7 @@ fn decode(name: &str, raw: &[u8]) -> Col {
             c.q.push(q);
         }
         match name {
-            "Q8_0" | "Q5_0" => c.scale.push(h(b, 0)),
-            "Q4_0" => {
-                c.scale.push(h(b, 0));
-                mins.push(-8.0 * h(b, 0));
-            }
+            "Q8_0" | "Q5_0" | "Q4_0" => c.scale.push(h(b, 0)),
             "Q4_1" | "Q5_1" => {
                 c.scale.push(h(b, 0));
                 mins.push(h(b, 2));

@@ -96,6 +96,10 @@ impl IntLanes for Yi {
         Yi(_mm256_setzero_si256(), _mm256_setzero_si256())
     }
     #[inline(always)]
+    unsafe fn start_u(corr: i32) -> Yi {
+        Yi(_mm256_set1_epi32(-corr), _mm256_set1_epi32(-corr))
+    }
+    #[inline(always)]
     unsafe fn prep(a4: i32) -> Self::A {
         let a = _mm256_set1_epi32(a4);
         (_mm256_abs_epi8(a), a)

@@ -88,6 +88,10 @@ impl IntLanes for Zi {
         Zi(_mm512_set1_epi32(-corr))
     }
     #[inline(always)]
+    unsafe fn start_u(corr: i32) -> Zi {
+        Zi(_mm512_set1_epi32(-corr))
+    }
+    #[inline(always)]
     unsafe fn prep(a4: i32) -> __m512i {
         _mm512_set1_epi32(a4)
     }

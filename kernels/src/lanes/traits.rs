@@ -54,6 +54,9 @@ pub(crate) trait IntLanes: Copy {
     /// The block's starting sums: 0, or `-corr` (the activation block's `-128 Σ qa`) where the
     /// dot products see the weights' offset.
     unsafe fn start(corr: i32) -> Self;
+    /// The starting sums `-corr` for [`IntLanes::dot4u`]'s unsigned weights stored `corr / Σ qa`
+    /// above their values (every ISA sees that offset).
+    unsafe fn start_u(corr: i32) -> Self;
     /// `acc[l] += Σ_{m<4} a[m] · w[4l + m]`, exactly.
     unsafe fn dot4(acc: Self, a: Self::A, w: Self::W) -> Self;
     /// As [`IntLanes::dot4`] for weights that are unsigned bytes below 128 (nibbles).

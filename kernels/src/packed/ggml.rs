@@ -3,8 +3,9 @@
 //! small integers `q` with an f32 `scale` and `min`, the weight being `scale · q + min` exactly.
 //!
 //! Every ggml scale is an f16, or an f16 times a 6- or 8-bit integer: exact in f32, so the
-//! integers and the two f32s are the file's weights with nothing rounded (Q4_0's `min` is
-//! `-8 · d`, exact too). Decoding follows ggml's block structs byte for byte; quantizing follows
+//! integers and the two f32s are the file's weights with nothing rounded. The integers are the
+//! signed values the weights are multiples of (Q4_0's `q - 8`, Q5_0's `q - 16`, Q6_K's `q - 32`);
+//! the types with a minimum keep theirs unsigned. Decoding follows ggml's block structs byte for byte; quantizing follows
 //! ggml's reference quantizers (`quantize_row_*_ref`) where kvgpt offers the type as a `--dtype`,
 //! so a model quantized here holds the same blocks as one `llama-quantize` wrote.
 
@@ -74,10 +75,11 @@ pub(crate) fn decode(ty: WeightType, b: &[u8], out: &mut [Sub]) -> Result<(), St
         }
         WeightType::Q4_0 | WeightType::Q4_1 => {
             let d = f16_at(b, 0);
-            let (min, qs) = if ty == WeightType::Q4_0 { (-8.0 * d, &b[2..18]) } else { (f16_at(b, 2), &b[4..20]) };
+            // Q4_0's weight is d · (q - 8); Q4_1's d · q + m.
+            let (min, qs, off) = if ty == WeightType::Q4_0 { (0.0, &b[2..18], 8) } else { (f16_at(b, 2), &b[4..20], 0) };
             let o = &mut out[0];
             for (i, q) in o.q.iter_mut().enumerate() {
-                *q = nibble(qs, i, 16) as i8;
+                *q = nibble(qs, i, 16) as i8 - off;
             }
             (o.scale, o.min) = (d, min);
         }
@@ -181,13 +183,8 @@ pub(crate) fn quantize(ty: WeightType, x: &[f32], out: &mut [Sub]) {
             for (q, &v) in o.q.iter_mut().zip(x) {
                 *q = trunc(v * id + (levels / 2.0 + 0.5), levels - 1.0);
             }
-            let d = half16(d);
-            if ty == WeightType::Q4_0 {
-                (o.scale, o.min) = (d, -8.0 * d);
-            } else {
-                o.q.iter_mut().for_each(|q| *q -= 16);
-                (o.scale, o.min) = (d, 0.0);
-            }
+            o.q.iter_mut().for_each(|q| *q -= (levels / 2.0) as i8);
+            (o.scale, o.min) = (half16(d), 0.0);
         }
         WeightType::Q4_1 | WeightType::Q5_1 => {
             let top = if ty == WeightType::Q4_1 { 15.0 } else { 31.0 };

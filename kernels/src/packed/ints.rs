@@ -22,15 +22,18 @@ pub(crate) struct Shape {
     pub(crate) mins: bool,
     /// Rows quantized together: one ggml block (32, or 256 for the k-quants).
     pub(crate) unit: usize,
+    /// What a stored nibble is above its value (Q4_0's 8; 0 for the types with minimums).
+    pub(crate) offset: i32,
 }
 
 impl WeightType {
     /// How the integer types are held; None for the float types and `q8`.
     pub(crate) fn int_shape(self) -> Option<Shape> {
-        let s = |four, sub, mins, unit| Some(Shape { four, sub, mins, unit });
+        let s = |four, sub, mins, unit| Some(Shape { four, sub, mins, unit, offset: 0 });
         match self {
             WeightType::W8A8 | WeightType::Q8_0 | WeightType::Q5_0 => s(false, 32, false, 32),
-            WeightType::Q4_0 | WeightType::Q4_1 => s(true, 32, true, 32),
+            WeightType::Q4_0 => Some(Shape { offset: 8, ..s(true, 32, false, 32)? }),
+            WeightType::Q4_1 => s(true, 32, true, 32),
             WeightType::Q5_1 => s(false, 32, true, 32),
             WeightType::Q4K => s(true, 32, true, ggml::QK_K),
             WeightType::Q5K => s(false, 32, true, ggml::QK_K),
@@ -47,6 +50,8 @@ pub(crate) struct Ints {
     pub(crate) kp: usize,
     pub(crate) sub: usize,
     pub(crate) four: bool,
+    /// A nibble's value is the stored `0..15` less this ([`Shape::offset`]).
+    pub(crate) offset: i32,
     /// Bytes (int8 offset by 128: the operand order of VNNI's unsigned × signed dot product) or
     /// nibble pairs (unsigned 0..15).
     pub(crate) q: Aligned<u8>,
@@ -71,6 +76,7 @@ impl Ints {
             kp,
             sub: sh.sub,
             four: sh.four,
+            offset: sh.offset,
             q: Aligned::zeroed(panels * kp * NR / if sh.four { 2 } else { 1 }),
             scales: vec![0.0; per_sub],
             mins: if sh.mins { vec![0.0; per_sub] } else { Vec::new() },
@@ -98,7 +104,7 @@ impl Ints {
     pub(crate) fn value(&self, p: usize, i: usize, j: usize) -> i32 {
         if self.four {
             let (at, shift) = w4_index(self.kp, p, i, j);
-            ((self.q[at] >> shift) & 0xF) as i32
+            ((self.q[at] >> shift) & 0xF) as i32 - self.offset
         } else {
             w8_value(self.q[w8_index(self.kp, p, i, j)]) as i32
         }
@@ -124,7 +130,8 @@ impl Ints {
                 let i = s * self.sub + ii;
                 if self.four {
                     let (at, shift) = w4_index(self.kp, p, i, j);
-                    self.q[at] = (self.q[at] & !(0xF << shift)) | ((q as u8 & 0xF) << shift);
+                    let u = (q as i32 + self.offset) as u8 & 0xF;
+                    self.q[at] = (self.q[at] & !(0xF << shift)) | (u << shift);
                 } else {
                     self.q[w8_index(self.kp, p, i, j)] = q as u8 ^ 0x80;
                 }
