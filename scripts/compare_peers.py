@@ -96,8 +96,11 @@ def run_json(cmd, timeout, env=None):
 
 def run_kvgpt(a):
     """One `kvgpt bench` run; its -p gives both the prefill rows and the decode contexts."""
-    cmd = [a.kvgpt, "bench", "--model", a.model, "-p", joined(a.tests, "tg"), "-n", str(a.n), "-r", "1",
-           "-t", str(a.threads), "-o", "json", "--no-uncached", "--probe-mib", "0", "--dtype", a.dtype]
+    # `--dtype gguf`: kvgpt reads llama.cpp's GGUF itself, each tensor held as the file stores it.
+    model = ["--model", a.gguf] if a.dtype == "gguf" else ["--model", a.model, "--dtype", a.dtype]
+    isa = ["--isa", a.kvgpt_isa] if a.kvgpt_isa else []
+    cmd = [a.kvgpt, "bench", *model, *isa, "-p", joined(a.tests, "tg"), "-n", str(a.n), "-r", "1",
+           "-t", str(a.threads), "-o", "json", "--no-uncached", "--probe-mib", "0"]
     res = {}
     for row in run_json(cmd, a.timeout):
         a.kvgpt_git, kind = row.get("git", "?"), row["test"][:2]
@@ -478,8 +481,11 @@ def parse_args():
     ap.add_argument("-r", dest="reps", type=int, default=3, help="interleaved repetitions (default 3)")
     ap.add_argument("-t", dest="threads", type=int, default=2, help="threads for every engine (default 2)")
     ap.add_argument("--kvgpt", default="target/release/kvgpt", help="kvgpt binary")
-    ap.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16", "q8", "w8a8"],
-                    help="kvgpt's --dtype (default f32); HF and ORT always run float32, llama.cpp the GGUF's type")
+    ap.add_argument("--dtype", default="f32",
+                    choices=["f32", "f16", "bf16", "q8", "w8a8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "gguf"],
+                    help="kvgpt's --dtype (default f32), or gguf: kvgpt reads --gguf as llama.cpp does, each tensor "
+                         "held as the file stores it; HF and ORT always run float32, llama.cpp the GGUF's type")
+    ap.add_argument("--kvgpt-isa", help="kvgpt's --isa (default: the best this CPU has), e.g. avx2+fma")
     ap.add_argument("--engines", default="kvgpt,hf,ort,llama",
                     help="comma-separated subset of kvgpt,hf,ort,llama to run (default all)")
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary")
@@ -501,6 +507,8 @@ def main():
     a.model = str(Path(a.model).resolve())
     if not (Path(a.model) / "config.json").is_file():
         sys.exit(f"--model {a.model}: no config.json there")
+    if a.dtype == "gguf" and not a.gguf:
+        sys.exit("--dtype gguf: kvgpt reads the GGUF given with --gguf; give one")
     a.venv = a.venv.resolve()
     cfg = json.loads((Path(a.model) / "config.json").read_text())
     a.tests, notes = plan_tests(a.prompts, a.n, cfg["n_positions"])

@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 pub struct Chat {
     seq: Sequence,
     scratch: Scratch,
+    /// Each turn since the conversation began (or was loaded, kept or reset): where its text
+    /// starts in the ids and where its answer starts.
+    turns: Vec<(usize, usize)>,
 }
 
 /// Why an answer ended.
@@ -58,7 +61,11 @@ pub struct Turn {
 impl Chat {
     pub fn new(model: &Model, sampling: Sampling) -> Chat {
         let cfg = &model.config;
-        Chat { seq: Sequence::open(model, sampling), scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)) }
+        Chat {
+            seq: Sequence::open(model, sampling),
+            scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)),
+            turns: Vec::new(),
+        }
     }
 
     /// Answers speculatively from now on, with a draft made by `cfg` (the same answers).
@@ -92,7 +99,45 @@ impl Chat {
 
     /// Forgets the conversation.
     pub fn reset(&mut self) -> Result<()> {
+        self.turns.clear();
         self.seq.restart(&[])
+    }
+
+    /// Where the last turn's text and its answer start in the ids, if there is a turn since the
+    /// conversation began (or was loaded, cut or reset).
+    pub fn last_turn(&self) -> Option<(usize, usize)> {
+        self.turns.last().copied()
+    }
+
+    /// Removes the last turn (its text and its answer); returns the ids removed, or None when
+    /// there is no turn to remove (none yet, or the conversation was loaded or cut since).
+    pub fn undo(&mut self) -> Option<usize> {
+        let (start, _) = self.turns.pop()?;
+        let removed = self.ids().len() - start;
+        self.seq.truncate(start);
+        Some(removed)
+    }
+
+    /// Replaces the conversation's first `old` ids (its opening text) with `new`: the turns after
+    /// them move, so their K/V are computed again at the next turn (the cache keeps only what
+    /// is unchanged before the first difference).
+    pub fn replace_opening(&mut self, old: usize, new: &[u32]) -> Result<()> {
+        let ids = self.ids();
+        let keep = ids.iter().zip(new).take_while(|(a, b)| a == b).count().min(old).min(self.cached());
+        let rest = ids[old.min(ids.len())..].to_vec();
+        let moved = new.len() as isize - old as isize;
+        if new.len() + rest.len() > self.seq.cache().capacity() {
+            return Err(Error::Invalid(format!(
+                "the new opening makes the conversation {} tokens, past the context",
+                new.len() + rest.len()
+            )));
+        }
+        self.seq.truncate(keep);
+        self.seq.append_prompt(&[&new[keep..], &rest[..]].concat())?;
+        for t in &mut self.turns {
+            *t = ((t.0 as isize + moved) as usize, (t.1 as isize + moved) as usize);
+        }
+        Ok(())
     }
 
     /// Keeps only the last `keep` ids and computes their K/V again from position 0 (GPT-2's
@@ -100,6 +145,7 @@ impl Chat {
     pub fn keep_last(&mut self, model: &Model, keep: usize) -> Result<usize> {
         let ids = self.ids();
         let kept = ids[ids.len().saturating_sub(keep)..].to_vec();
+        self.turns.clear();
         self.seq.restart(&kept)?;
         self.feed_pending(model)?;
         Ok(kept.len())
@@ -122,6 +168,7 @@ impl Chat {
     /// Replaces the conversation with the one `path` holds (its K/V restored, not recomputed).
     pub fn load(&mut self, model: &Model, path: &Path) -> Result<usize> {
         let saved = prompt_file::load(path, model)?;
+        self.turns.clear();
         self.seq.restart(&saved.ids)?;
         self.seq.restore(&saved.kv, 0, saved.kv.len)?;
         Ok(saved.ids.len())
@@ -146,7 +193,41 @@ impl Chat {
             )));
         }
         let reused = self.cached();
+        let start = self.ids().len();
         self.seq.append_prompt(new)?;
+        self.turns.push((start, self.ids().len()));
+        self.answer(model, reused, max_new, on_token)
+    }
+
+    /// Drops the last answer and answers its turn again (with sampling, the sampler's next
+    /// draws). Errors when there is no turn to answer again.
+    pub fn regenerate(
+        &mut self,
+        model: &Model,
+        max_new: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<Step>,
+    ) -> Result<Turn> {
+        let Some(&(_, answer)) = self.turns.last() else {
+            return Err(Error::Invalid("there is no answer to generate again".into()));
+        };
+        // Back to before the turn's last token, which is fed again for the logits the answer
+        // starts from.
+        let last = self.ids()[answer - 1];
+        self.seq.truncate(answer - 1);
+        self.seq.append_prompt(&[last])?;
+        let reused = self.cached();
+        self.answer(model, reused, max_new, on_token)
+    }
+
+    /// Feeds what is not cached, then answers.
+    fn answer(
+        &mut self,
+        model: &Model,
+        reused: usize,
+        max_new: usize,
+        on_token: &mut dyn FnMut(u32) -> Result<Step>,
+    ) -> Result<Turn> {
+        let n = model.config.n_positions;
         let start = Instant::now();
         self.seq.feed(model, &mut self.scratch)?; // (a draft takes the turn in when it first drafts)
         let prefill_time = start.elapsed();

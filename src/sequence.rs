@@ -221,6 +221,15 @@ impl Sequence {
         self.new = self.new.min(n);
     }
 
+    /// Keeps only the first `len` ids (and K/V of at most those): back to an earlier point of a
+    /// conversation. What follows is pending again, to be fed.
+    pub fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        self.prompt_len = self.prompt_len.min(len);
+        self.cache.truncate(self.cache.len().min(len));
+        (self.chosen, self.new, self.drafted) = (0, 0, 0);
+    }
+
     /// Appends a token chosen elsewhere (forced decoding, or the other side of a comparison).
     /// Whether it fits the cache is checked when it is fed (the last token never is).
     pub fn push(&mut self, id: u32) -> Result<()> {

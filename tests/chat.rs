@@ -2,7 +2,8 @@
 //! would): answers equal HF's greedy continuations of the same conversation ids
 //! (tests/fixtures/sampling_reference.json), each turn reuses the cache of the ones before, /save
 //! and /load carry a conversation to another session with the same next answer, Ctrl-C stops an
-//! answer but not the session, and ends the session at the prompt.
+//! answer but not the session, and ends the session at an empty prompt; the line editor's keys,
+//! history, joined lines, /regen, /undo and /system.
 
 mod common;
 
@@ -15,6 +16,8 @@ use std::time::{Duration, Instant};
 
 /// A `kvgpt chat` on a pseudo-terminal, and everything it has written so far.
 struct Session {
+    /// The session's `XDG_STATE_HOME`, where its input history goes unless --history says.
+    _state: tempfile::TempDir,
     child: Child,
     stdin: ChildStdin,
     out: Arc<Mutex<Vec<u8>>>,
@@ -28,8 +31,10 @@ impl Session {
         // process group, where a Ctrl-C would kill it (dash, CI's /bin/sh, does not exec by itself).
         let mut cmd = vec!["exec".to_string(), env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
         cmd.extend(args.iter().map(|a| format!("'{a}'")));
+        let state = tempfile::tempdir().unwrap();
         let mut child = Command::new("script")
             .args(["-qfec", &cmd.join(" "), "/dev/null"])
+            .env("XDG_STATE_HOME", state.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -48,7 +53,7 @@ impl Session {
                 sink.lock().unwrap().extend_from_slice(&buf[..n]);
             }
         });
-        Session { child, stdin, out, seen: 0 }
+        Session { _state: state, child, stdin, out, seen: 0 }
     }
 
     /// Waits until the output after what was seen holds `what`; returns the text up to its end.
@@ -193,7 +198,8 @@ fn ctrl_c_stops_an_answer_not_the_session() {
     // Each turn: type a line, and as soon as its answer streams, interrupt it.
     let interrupt = |s: &mut Session, line: &str| -> String {
         s.send(&format!("{line}\n"));
-        s.wait_for(&format!("{line}\r\n")); // the echo
+        s.wait_for(line); // the echo, then the line editor's end of line
+        s.wait_for("\r\n");
         let start = Instant::now();
         while s.out.lock().unwrap().len() <= s.seen + 20 {
             assert!(start.elapsed() < Duration::from_secs(30), "no answer");
@@ -259,5 +265,106 @@ fn a_full_context_says_the_options_and_keep_re_prefills_the_tail() {
     assert_eq!(stats(&text).0, 40, "{text}");
     s.wait_for("> ");
     s.send("/quit\n");
+    assert_eq!(s.exit_code(), Some(0));
+}
+
+/// Ids of `text` by the fixture's tokenizer (HF's ids, `tests/tokenizer.rs`).
+fn tokens(text: &str) -> usize {
+    load_fixture().tokenizer.encode(text).unwrap().len()
+}
+
+#[test]
+fn the_line_editor_edits_recalls_and_joins_lines_and_regen_undo_go_back() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    let h = history.to_string_lossy().into_owned();
+    let turn = &chat_reference()[0];
+    let (line, answer) = (turn["line"].as_str().unwrap(), turn["answer_text"].as_str().unwrap());
+    let turn_len = turn["turn_ids"].as_array().unwrap().len();
+    let answer_len = turn["answer_ids"].as_array().unwrap().len();
+    let args = ["--model", &m, "-n", "8", "--history", &h];
+    let mut s = Session::start(&args);
+    s.wait_for("> ");
+    // Typed with a slip taken back by Backspace, and its last character typed after moving left
+    // and right again: the turn is the line as edited (HF's answer), no key's bytes in it.
+    let (head, last) = line.split_at(line.len() - 1);
+    s.send(&format!("{head}xy\x7f\x7f\x1b[D\x1b[C{last}\r"));
+    let text = s.wait_for("ended: ");
+    assert!(text.contains(&format!("{answer}\r\n")), "{answer:?} in {text:?}");
+    assert_eq!(stats(&text), (0, turn_len), "{text}");
+    s.wait_for("> ");
+    // /regen answers the turn again (greedy: the same answer), feeding only the turn's last token.
+    s.send("/regen\r");
+    let text = s.wait_for("ended: ");
+    assert!(text.contains(&format!("{answer}\r\n")), "{answer:?} in {text:?}");
+    assert_eq!(stats(&text), (turn_len - 1, 1), "{text}");
+    s.wait_for("> ");
+    // /undo takes the turn back, answer and all.
+    s.send("/undo\r");
+    s.wait_for(&format!("(took back the last turn: {} tokens; 0 tokens left)", turn_len + answer_len));
+    s.wait_for("> ");
+    s.send("/undo\r");
+    s.wait_for("error: there is no turn to take back");
+    // Ctrl-C clears a typed line and the session goes on; a line ending in \ goes on to the next.
+    s.send("never sent\x03");
+    s.send("first\\\r");
+    s.wait_for("… "); // (typed ahead of its prompt, a line would be dropped, as in any raw-mode editor)
+    s.send("second\r");
+    let text = s.wait_for("ended: ");
+    assert_eq!(stats(&text), (0, tokens("User: first\nsecond\nAssistant:")), "{text}");
+    s.wait_for("> ");
+    s.send("/quit\r");
+    assert_eq!(s.exit_code(), Some(0));
+    // The history file holds what was entered, as edited.
+    let kept = std::fs::read_to_string(&history).unwrap();
+    assert!(kept.contains(line) && kept.contains("/regen") && kept.contains("second"), "{kept:?}");
+    assert!(!kept.contains("xy") && !kept.contains('\x1b') && !kept.contains("never sent"), "{kept:?}");
+
+    // A new session recalls the first line from the history file with Up: five entries back
+    // (`/undo` twice is kept once), one more Up for the two-line entry's first line. HF's answer
+    // again.
+    let mut s = Session::start(&args);
+    s.wait_for("> ");
+    s.send(&"\x1b[A".repeat(6));
+    s.send("\r");
+    let text = s.wait_for("ended: ");
+    assert!(text.contains(&format!("{answer}\r\n")), "{answer:?} in {text:?}");
+    assert_eq!(stats(&text), (0, turn_len), "{text}");
+    s.wait_for("> ");
+    // Ctrl-C on an empty line ends the session, on a line of its own.
+    s.send("\x03");
+    s.wait_for("\r\n");
+    assert_eq!(s.exit_code(), Some(130));
+}
+
+#[test]
+fn system_text_opens_the_conversation_and_moves_it_when_changed() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let mut s = Session::start(&["--model", &m, "-n", "6", "--no-history"]);
+    s.wait_for("> ");
+    s.send("/system\r");
+    s.wait_for("(no system text; /system TEXT sets one)");
+    s.send("/system You answer briefly.\r");
+    s.wait_for("(the system text opens the conversation from the next turn)");
+    s.wait_for("> ");
+    s.send("Hi\r");
+    let text = s.wait_for("ended: ");
+    let (opening, turn) = (tokens("You answer briefly.\n\n"), tokens("User: Hi\nAssistant:"));
+    assert_eq!(stats(&text), (0, opening + turn), "{text}");
+    s.wait_for("> ");
+    s.send("/stats\r");
+    let before = s.wait_for("positions left)");
+    let total: usize = before.split('(').nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    // A new system text replaces the opening: everything after it moved, so it is computed again.
+    s.send("/system Be kind.\r");
+    let moved = total - opening + tokens("Be kind.\n\n");
+    s.wait_for(&format!("(the system text is set; the next turn computes {moved} positions again: they moved)"));
+    s.send("/system\r");
+    s.wait_for("(the system text: \"Be kind.\")");
+    s.send("/stats\r");
+    s.wait_for(&format!("({moved} tokens in the conversation, 0 with K/V cached"));
+    s.wait_for("> ");
+    s.send("/quit\r");
     assert_eq!(s.exit_code(), Some(0));
 }

@@ -46,8 +46,8 @@ fn llama_cpp_blocks_are_what_dtype_makes_of_the_source() {
     for (name, ty) in TYPES {
         let stored = load(&gguf(name), None);
         assert_eq!(stored.weights_dtype(), name, "a {name} GGUF is held as {name} by default");
-        let source = Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), ty)
-            .unwrap();
+        let source =
+            Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), ty).unwrap();
         assert_eq!(stored.weight_bytes(), source.weight_bytes(), "{name}: bytes held");
         for p in reference.prompts().iter().take(4) {
             assert_eq!(bits(&all_logits(&stored, &p.ids)), bits(&all_logits(&source, &p.ids)), "{name} {}", p.key);

@@ -233,9 +233,11 @@ fn block_types_every_path_equal_their_definition() {
             for isa in Isa::available() {
                 for threads in [1, 2] {
                     let mut out = vec![f32::NAN; t * n];
-                    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
-                        matmul_packed(isa, &mut out, &inp, &m, &bias, t, &mut QuantizedActs::default())
-                    });
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap()
+                        .install(|| matmul_packed(isa, &mut out, &inp, &m, &bias, t, &mut QuantizedActs::default()));
                     assert_eq!(bits(&out), bits(&want), "{name} {} t={t} k={k} n={n} threads={threads}", isa.name());
                 }
             }
@@ -252,7 +254,15 @@ fn block_types_every_path_equal_their_definition() {
 #[test]
 fn quantized_types_every_path_equal_their_definition_on_awkward_shapes() {
     // Weights quantized by kvgpt (the --dtype path), shapes whose K is not a whole block.
-    for ty in [WeightType::W8A8, WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_1, WeightType::Q5_0, WeightType::Q5_1, WeightType::Q4K] {
+    for ty in [
+        WeightType::W8A8,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::Q4K,
+    ] {
         for (t, k, n) in [(1, 1, 1), (3, 7, 17), (1, 33, 48), (4, 64, 257), (7, 300, 16), (2, 96, 40), (1, 768, 2304)] {
             let mut g = Gen((t * 31 + k * 7 + n) as u64);
             let (inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));
@@ -265,8 +275,8 @@ fn quantized_types_every_path_equal_their_definition_on_awkward_shapes() {
             let mut exact = vec![0.0f64; t * n];
             for r in 0..t {
                 for c in 0..n {
-                    exact[r * n + c] = bias[c] as f64
-                        + (0..k).map(|i| inp[r * k + i] as f64 * widened[i * n + c] as f64).sum::<f64>();
+                    exact[r * n + c] =
+                        bias[c] as f64 + (0..k).map(|i| inp[r * k + i] as f64 * widened[i * n + c] as f64).sum::<f64>();
                 }
             }
             for isa in Isa::available() {

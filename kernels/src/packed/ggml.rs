@@ -67,7 +67,9 @@ pub(crate) fn decode(ty: WeightType, b: &[u8], out: &mut [Sub]) -> Result<(), St
             let o = &mut out[0];
             for (q, &x) in o.q.iter_mut().zip(&b[2..34]) {
                 if x == 0x80 {
-                    return Err("a Q8_0 block holds -128, which no ggml quantizer writes (it rounds within ±127)".into());
+                    return Err(
+                        "a Q8_0 block holds -128, which no ggml quantizer writes (it rounds within ±127)".into()
+                    );
                 }
                 *q = x as i8;
             }
@@ -76,7 +78,8 @@ pub(crate) fn decode(ty: WeightType, b: &[u8], out: &mut [Sub]) -> Result<(), St
         WeightType::Q4_0 | WeightType::Q4_1 => {
             let d = f16_at(b, 0);
             // Q4_0's weight is d · (q - 8); Q4_1's d · q + m.
-            let (min, qs, off) = if ty == WeightType::Q4_0 { (0.0, &b[2..18], 8) } else { (f16_at(b, 2), &b[4..20], 0) };
+            let (min, qs, off) =
+                if ty == WeightType::Q4_0 { (0.0, &b[2..18], 8) } else { (f16_at(b, 2), &b[4..20], 0) };
             let o = &mut out[0];
             for (i, q) in o.q.iter_mut().enumerate() {
                 *q = nibble(qs, i, 16) as i8 - off;

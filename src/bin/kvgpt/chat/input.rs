@@ -1,0 +1,108 @@
+//! The chat's input line: a line editor (rustyline) with history kept in a file, lines joined
+//! by a trailing `\`, and Ctrl-C that clears the line being typed or, on an empty one, ends the
+//! session.
+
+use anyhow::{Context, Result};
+use rustyline::error::ReadlineError;
+use rustyline::{Cmd, ConditionalEventHandler, Event, EventContext, EventHandler, KeyEvent, Movement, RepeatCount};
+use std::path::{Path, PathBuf};
+
+/// What reading a line gave.
+pub enum Line {
+    Text(String),
+    /// Ctrl-C on an empty line.
+    Interrupted,
+    /// Ctrl-D on an empty line, or the end of the input.
+    End,
+}
+
+/// Ctrl-C: clears the line if it holds text, else interrupts (rustyline's own Ctrl-C).
+struct ClearOrInterrupt;
+
+impl ConditionalEventHandler for ClearOrInterrupt {
+    fn handle(&self, _: &Event, _: RepeatCount, _: bool, ctx: &EventContext) -> Option<Cmd> {
+        (!ctx.line().is_empty()).then_some(Cmd::Kill(Movement::WholeBuffer))
+    }
+}
+
+pub struct Input {
+    editor: rustyline::DefaultEditor,
+    history: Option<PathBuf>,
+}
+
+/// Where the history is kept unless --history says: `$XDG_STATE_HOME/kvgpt/chat_history`, or
+/// `~/.local/state/kvgpt/chat_history`; None without a home.
+pub fn default_history() -> Option<PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| Path::new(&h).join(".local/state")))?;
+    Some(state.join("kvgpt").join("chat_history"))
+}
+
+impl Input {
+    /// An editor with the history of `history` (a missing file starts one).
+    pub fn open(history: Option<PathBuf>) -> Result<Input> {
+        let mut editor = rustyline::DefaultEditor::new().context("could not set up the line editor")?;
+        editor.bind_sequence(KeyEvent::ctrl('C'), EventHandler::Conditional(Box::new(ClearOrInterrupt)));
+        if let Some(path) = &history {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("could not make {} for the chat history", dir.display()))?;
+            }
+            match editor.load_history(path) {
+                Ok(()) => {}
+                Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("could not read the chat history {} (--no-history goes without)", path.display())
+                    })
+                }
+            }
+        }
+        Ok(Input { editor, history })
+    }
+
+    /// Reads one input: a line, or several joined where a line ends with `\` (the backslash
+    /// becomes a newline). Each is kept in the history.
+    pub fn read(&mut self) -> Result<Line> {
+        let mut text = String::new();
+        loop {
+            let prompt = if text.is_empty() { "> " } else { "… " };
+            match self.editor.readline(prompt) {
+                Ok(line) => match line.strip_suffix('\\') {
+                    Some(part) => {
+                        text.push_str(part);
+                        text.push('\n');
+                    }
+                    None => {
+                        text.push_str(&line);
+                        self.remember(&text)?;
+                        return Ok(Line::Text(text));
+                    }
+                },
+                Err(ReadlineError::Interrupted) => return Ok(Line::Interrupted),
+                Err(ReadlineError::Eof) if text.is_empty() => return Ok(Line::End),
+                // Ctrl-D after a `\`: what was typed is the input.
+                Err(ReadlineError::Eof) => {
+                    self.remember(&text)?;
+                    return Ok(Line::Text(text.trim_end_matches('\n').to_string()));
+                }
+                Err(e) => return Err(e).context("could not read the input line"),
+            }
+        }
+    }
+
+    fn remember(&mut self, text: &str) -> Result<()> {
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        self.editor.add_history_entry(text).context("could not keep the line in the history")?;
+        if let Some(path) = &self.history {
+            self.editor
+                .append_history(path)
+                .with_context(|| format!("could not write the chat history {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
