@@ -30,12 +30,16 @@ pub struct BenchSpec {
     pub sampling: Option<Sampling>,
     /// Also decode (cached, greedy) speculatively with this draft: a row beside each greedy one.
     pub draft: Option<DraftConfig>,
+    /// llama-bench's depths: tokens already in the cache before each prefill row, and the
+    /// contexts of the decode rows (instead of the prompt lengths); rows are named `… @ dN`.
+    /// Empty: none given.
+    pub depths: Vec<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Test {
-    /// Prefill of `prompt` tokens.
-    Prefill { prompt: usize },
+    /// Prefill of `prompt` tokens after `depth` already in the cache.
+    Prefill { prompt: usize, depth: usize },
     /// `gen` decode steps after a `prompt`-token prefill, cached or not; greedy, or with the
     /// spec's sampler.
     Decode { prompt: usize, gen: usize, cached: bool, sampled: bool },
@@ -49,11 +53,26 @@ pub enum Test {
 }
 
 impl Test {
-    pub fn name(&self) -> String {
-        match self {
-            Test::Prefill { prompt } => format!("pp{prompt}"),
-            Test::Decode { gen, .. } | Test::Drafted { gen, .. } => format!("tg{gen}"),
-            Test::Batched { gen, batch, .. } => format!("tg{gen}x{batch}"),
+    /// The row's name as llama-bench writes it: `pp512`, `tg128`, and with depths (`at_depths`)
+    /// `pp512 @ d128`, `tg128 @ d512` (a decode row's context is its depth).
+    pub fn name(&self, at_depths: bool) -> String {
+        let (name, depth) = match *self {
+            Test::Prefill { prompt, depth } => (format!("pp{prompt}"), depth),
+            Test::Decode { gen, prompt, .. } | Test::Drafted { gen, prompt } => (format!("tg{gen}"), prompt),
+            Test::Batched { gen, batch, prompt } => (format!("tg{gen}x{batch}"), prompt),
+        };
+        if at_depths {
+            format!("{name} @ d{depth}")
+        } else {
+            name
+        }
+    }
+
+    /// Tokens before the timed part: the depth of a prefill row, the context of a decode row.
+    pub fn context(&self) -> usize {
+        match *self {
+            Test::Prefill { depth, .. } => depth,
+            Test::Decode { prompt, .. } | Test::Drafted { prompt, .. } | Test::Batched { prompt, .. } => prompt,
         }
     }
 }
@@ -126,13 +145,19 @@ impl Runner<'_> {
         let v = self.model.config.vocab_size;
         let none = DraftStats::default();
         match test {
-            Test::Prefill { prompt } => {
-                self.seq.restart(&prompt_ids(prompt, v))?;
+            Test::Prefill { prompt, depth } => {
+                let ids = prompt_ids(depth + prompt, v);
+                self.seq.restart(&ids[..depth])?;
+                if depth > 0 {
+                    self.seq.feed(self.model, &mut self.scratch)?;
+                }
+                self.seq.append_prompt(&ids[depth..])?;
                 let d = self.timed_feed(Instant::now(), false)?;
                 Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3], none))
             }
             Test::Decode { prompt, gen, cached, sampled } => {
-                self.seq.restart(&prompt_ids(prompt, v))?;
+                // (A context of 0 starts after one token: there must be logits to choose from.)
+                self.seq.restart(&prompt_ids(prompt.max(1), v))?;
                 self.seq.feed(self.model, &mut self.scratch)?;
                 let mut steps = Vec::with_capacity(gen);
                 for _ in 0..gen {
@@ -155,7 +180,7 @@ impl Runner<'_> {
             Test::Drafted { prompt, gen } => {
                 let draft = self.draft.as_ref().ok_or_else(|| Error::Invalid("a drafted row needs a draft".into()))?;
                 let seq = &mut self.seq;
-                seq.restart(&prompt_ids(prompt, v))?;
+                seq.restart(&prompt_ids(prompt.max(1), v))?;
                 seq.speculate_with(draft); // a fresh draft: no state from the last run
                 seq.feed(self.model, &mut self.scratch)?;
                 seq.prefill_draft()?;
@@ -181,7 +206,7 @@ impl Runner<'_> {
                 let seqs = &mut self.batch[..batch];
                 for (i, s) in seqs.iter_mut().enumerate() {
                     // Different prompts, so that no two sequences compute the same thing.
-                    s.restart(&prompt_ids(prompt + i, v)[i..])?;
+                    s.restart(&prompt_ids(prompt.max(1) + i, v)[i..])?;
                     s.feed(self.model, &mut self.scratch)?;
                 }
                 let mut steps = Vec::with_capacity(gen);
@@ -201,11 +226,18 @@ impl Runner<'_> {
     }
 }
 
-/// The rows a spec asks for, in display order.
+/// The rows a spec asks for, in display order: a prefill row per prompt length (per depth), then
+/// the decode rows per context (the prompt lengths, or the depths) and generation length. A
+/// length of 0 asks for no row of its kind, as llama-bench's `-p 0` and `-n 0`.
 pub fn tests(spec: &BenchSpec) -> Vec<Test> {
-    let mut t: Vec<Test> = spec.prompts.iter().map(|&prompt| Test::Prefill { prompt }).collect();
-    for &prompt in &spec.prompts {
-        for &gen in &spec.gens {
+    let depths: &[usize] = if spec.depths.is_empty() { &[0] } else { &spec.depths };
+    let mut t: Vec<Test> = depths
+        .iter()
+        .flat_map(|&depth| spec.prompts.iter().filter(|&&p| p > 0).map(move |&prompt| Test::Prefill { prompt, depth }))
+        .collect();
+    let contexts = if spec.depths.is_empty() { &spec.prompts } else { &spec.depths };
+    for &prompt in contexts {
+        for &gen in spec.gens.iter().filter(|&&g| g > 0) {
             t.push(Test::Decode { prompt, gen, cached: true, sampled: false });
             if spec.sampling.is_some() {
                 t.push(Test::Decode { prompt, gen, cached: true, sampled: true });
@@ -232,15 +264,15 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
     for t in &tests {
         if let Test::Decode { prompt, gen, .. } | Test::Batched { prompt, gen, .. } | Test::Drafted { prompt, gen } = t
         {
-            crate::sequence::check_fed(model, *prompt, *gen)?;
-        } else if let Test::Prefill { prompt } = t {
-            crate::sequence::check_fed(model, *prompt, 0)?;
+            crate::sequence::check_fed(model, (*prompt).max(1), *gen)?;
+        } else if let Test::Prefill { prompt, depth } = t {
+            crate::sequence::check_fed(model, prompt + depth, 0)?;
         }
     }
     let max_rows = tests
         .iter()
         .map(|t| match t {
-            Test::Prefill { prompt } => *prompt,
+            Test::Prefill { prompt, .. } => *prompt,
             Test::Decode { prompt, gen, cached: false, .. } => prompt + gen,
             Test::Decode { prompt, .. } => *prompt,
             Test::Drafted { prompt, .. } => (*prompt).max(1 + spec.draft.as_ref().map_or(0, |d| d.max_k)),

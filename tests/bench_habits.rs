@@ -77,3 +77,41 @@ fn a_list_of_thread_counts_runs_every_row_at_each() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("-t takes one thread count here"));
 }
+
+/// Rows of a JSON run: (test, prompt_tokens, n_depth).
+fn rows_of(args: &[&str]) -> Vec<(String, u64, u64)> {
+    let m = model();
+    let base = ["bench", "-m", &m, "-r", "1", "--probe-mib", "0", "--no-uncached", "-o", "json"];
+    let (json, _) = ok(&kvgpt(&[&base[..], args].concat()));
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let u = |v: &serde_json::Value| v.as_u64().unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap().into(), u(&r["prompt_tokens"]), u(&r["n_depth"])))
+        .collect()
+}
+
+#[test]
+fn zero_skips_a_test_and_depths_are_named_as_llama_bench_names_them() {
+    let own = |v: &[(&str, u64, u64)]| v.iter().map(|&(t, p, d)| (t.to_string(), p, d)).collect::<Vec<_>>();
+    // -n 0: prefill rows only; -p 0: decode rows only (from the start of the context).
+    assert_eq!(rows_of(&["-p", "8,16", "-n", "0"]), own(&[("pp8", 8, 0), ("pp16", 16, 0)]));
+    assert_eq!(rows_of(&["-p", "0", "-n", "4"]), own(&[("tg4", 0, 0)]));
+    // -d: every prefill row after each depth, the decode rows at each depth, named `@ dN`.
+    assert_eq!(
+        rows_of(&["-p", "16", "-n", "4", "-d", "0,32"]),
+        own(&[("pp16 @ d0", 16, 0), ("pp16 @ d32", 16, 32), ("tg4 @ d0", 0, 0), ("tg4 @ d32", 32, 32)])
+    );
+    // What does not fit names the flags; nothing to run is refused.
+    let m = model();
+    let out = kvgpt(&["bench", "-m", &m, "-p", "64", "-d", "100", "-n", "4"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1) && err.contains("-d 100 with -p 64 does not fit the model's 128 positions"),
+        "{err}"
+    );
+    assert!(err.contains("(with -d 100, -p at most 28)"), "{err}");
+    let out = kvgpt(&["bench", "-m", &m, "-p", "0", "-n", "0"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-p 0 and -n 0 leave nothing to run"));
+}

@@ -15,12 +15,18 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt lengths (comma-separated): a prefill row each, and the contexts of the decode rows
-    /// [default: 4,128,512, as fit the model's context]
+    /// unless -d gives them; 0 runs no prefill row [default: 4,128,512, as fit the model's context]
     #[arg(short = 'p', long = "prompts", value_delimiter = ',')]
     pub prompts: Option<Vec<usize>>,
-    /// Generation lengths (comma-separated) of the decode rows [default: 128, as fits]
+    /// Generation lengths (comma-separated) of the decode rows; 0 runs no decode row [default:
+    /// 128, as fits]
     #[arg(short = 'n', long = "gen", value_delimiter = ',')]
     pub gens: Option<Vec<usize>>,
+    /// Depths (comma-separated), as llama-bench's -d: tokens already in the cache before each
+    /// prefill row, and the contexts of the decode rows; rows are named `pp512 @ d128`, `tg128 @
+    /// d512`.
+    #[arg(short = 'd', long = "depths", value_delimiter = ',')]
+    pub depths: Option<Vec<usize>>,
     /// Timed repetitions per row (after one warm-up).
     #[arg(short = 'r', long = "reps", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub reps: u32,
@@ -60,22 +66,29 @@ const DEFAULT_GEN: usize = 128;
 /// The prompt and generation lengths: the ones given, each prompt with each length checked
 /// against the model's `np` positions; or the defaults, clipped to fit with a note saying so.
 fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
-    let (p, n) = (a.prompts.clone(), a.gens.clone());
-    if p.iter().chain(&n).flatten().any(|&x| x == 0) {
-        bail!("-p and -n take positive lengths, e.g. -p 4,128,512 -n 128");
-    }
+    let (p, n, d) = (a.prompts.clone(), a.gens.clone(), a.depths.clone().unwrap_or_default());
     let prompts = p.clone().unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| x < np).collect());
-    let longest = prompts.iter().copied().max().unwrap_or(0);
+    // The decode rows' contexts: the depths if given, else the prompt lengths.
+    let (contexts, flag) = if d.is_empty() { (&prompts, "-p") } else { (&d, "-d") };
+    let longest = contexts.iter().copied().max().unwrap_or(0);
     let gens = n.clone().unwrap_or_else(|| vec![DEFAULT_GEN.min(np.saturating_sub(longest))]);
-    let pairs = prompts.iter().flat_map(|&x| gens.iter().map(move |&y| (x, y)));
-    if let Some((pl, nl)) = pairs.into_iter().find(|&(x, y)| x.saturating_add(y) > np) {
-        let at_most = match np.checked_sub(pl) {
-            Some(room) if room > 0 => format!(" (with -p {pl}, -n at most {room})"),
-            _ => format!(" (-p at most {})", np - 1),
+    if prompts.iter().all(|&x| x == 0) && gens.iter().all(|&x| x == 0) {
+        bail!("-p 0 and -n 0 leave nothing to run: give a prompt length (-p) or a generation length (-n)");
+    }
+    // Each decode row's context (at least one token) plus its generation; each prefill row's
+    // depth plus its prompt.
+    let decode =
+        contexts.iter().flat_map(|&x| gens.iter().filter(|&&y| y > 0).map(move |&y| (flag, x.max(1), "-n", y)));
+    let depths = if d.is_empty() { vec![0] } else { d.clone() };
+    let prefill = depths.iter().flat_map(|&x| prompts.iter().map(move |&y| ("-d", x, "-p", y)));
+    if let Some((f1, x, f2, y)) = decode.chain(prefill).find(|&(_, x, _, y)| x.saturating_add(y) > np) {
+        let at_most = match np.checked_sub(x) {
+            Some(room) if room > 0 => format!(" (with {f1} {x}, {f2} at most {room})"),
+            _ => format!(" ({f1} at most {})", np - 1),
         };
         bail!(
-            "-p {pl} with -n {nl} does not fit the model's {np} positions: lower -p or -n so that each prompt \
-             length plus each generation length is at most {np}{at_most}"
+            "{f1} {x} with {f2} {y} does not fit the model's {np} positions: lower {f1} or {f2} so that each \
+             context plus what is timed after it is at most {np}{at_most}"
         );
     }
     if p.is_none() || n.is_none() {
@@ -115,6 +128,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         batches: a.batches.clone(),
         sampling: (!sampling.is_greedy() || sampling.penalizes()).then_some(sampling),
         draft: drafting.as_ref().map(|d| d.config.clone()),
+        depths: a.depths.clone().unwrap_or_default(),
     };
     // One run of every row per thread count of -t (llama-bench's list), each in its own pool.
     let counts: Vec<Option<usize>> =
@@ -134,7 +148,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
                     let _ = write!(
                         std::io::stderr(),
                         "\r[kvgpt bench] {done}/{total} runs ({} rep {}, {})        ",
-                        t.name(),
+                        t.name(!spec.depths.is_empty()),
                         rep + 1,
                         crate::out::count(rayon::current_num_threads(), "thread")
                     );
@@ -169,6 +183,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         kv_cache_bytes: kv_bytes,
         peak_rss_bytes: rss,
         read_bandwidth_gb_s: bw,
+        depths: !spec.depths.is_empty(),
     };
     let sampler = sampler_words(&sampling);
     let draft = drafting.as_ref().map_or("", |d| d.name.as_str());

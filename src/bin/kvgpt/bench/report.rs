@@ -23,6 +23,8 @@ pub(super) struct Header {
     pub(super) kv_cache_bytes: usize,
     pub(super) peak_rss_bytes: u64,
     pub(super) read_bandwidth_gb_s: f64,
+    /// Depths were given (-d): rows are named `… @ dN`.
+    pub(super) depths: bool,
 }
 
 /// One row of the report, as the table, JSON and CSV show it.
@@ -37,6 +39,9 @@ pub(super) struct RowReport<'a> {
     test: String,
     mode: &'static str,
     prompt_tokens: usize,
+    /// Tokens in the cache before the timed part (llama-bench's n_depth): a prefill row's depth,
+    /// a decode row's context.
+    n_depth: usize,
     gen_tokens: usize,
     dtype: &'static str,
     threads: usize,
@@ -76,7 +81,7 @@ impl<'a> RowReport<'a> {
         let drafted = matches!(r.test, Test::Drafted { .. });
         let (prompt, gen, mode, batch) = match r.test {
             Test::Drafted { prompt, gen } => (prompt, gen, "drafted", 1),
-            Test::Prefill { prompt } => (prompt, 0, "cached", 1),
+            Test::Prefill { prompt, .. } => (prompt, 0, "cached", 1),
             Test::Decode { prompt, gen, sampled: true, .. } => (prompt, gen, "sampled", 1),
             Test::Decode { prompt, gen, cached, .. } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
             Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
@@ -86,9 +91,10 @@ impl<'a> RowReport<'a> {
             model_size_bytes: h.weight_bytes,
             model_params: h.parameters,
             backend: "CPU",
-            test: r.test.name(),
+            test: r.test.name(h.depths),
             mode,
             prompt_tokens: prompt,
+            n_depth: r.test.context(),
             gen_tokens: gen,
             dtype: h.dtype,
             threads: h.threads,
@@ -119,14 +125,14 @@ pub(super) fn print_csv(rows: &[RowReport]) -> Result<()> {
     outln!(
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
          weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step,model,model_size_bytes,\
-         model_params,backend"
+         model_params,backend,n_depth"
     );
     // The model's name may hold a comma or a quote: quoted as CSV quotes a field.
     let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
     for r in rows {
         outln!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.test,
             r.mode,
             r.prompt_tokens,
@@ -151,7 +157,8 @@ pub(super) fn print_csv(rows: &[RowReport]) -> Result<()> {
             quoted(r.model),
             r.model_size_bytes,
             r.model_params,
-            r.backend
+            r.backend,
+            r.n_depth
         );
     }
     Ok(())
@@ -277,7 +284,7 @@ pub(super) fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Resul
             );
         }
     }
-    if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4 }) {
+    if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4, depth: 0 }) {
         let ttft = mean_sd(&pp4.step_ms).0;
         let step =
             rows.iter().find(|r| r.test == greedy(4, r_gen(r))).map(|r| percentile(&r.step_ms, 50.0)).unwrap_or(0.0);
