@@ -5,25 +5,11 @@
 mod common;
 
 use common::*;
-use kvgpt::{KvCache, Model, NoTap, Scratch, WeightType};
-use std::path::PathBuf;
+use kvgpt::{Model, WeightType};
 use std::process::Command;
-
-fn gguf(t: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
-}
 
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|f| f.to_bits()).collect()
-}
-
-/// Every position's logits of `ids`.
-fn all_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(&model.config);
-    let mut scratch = Scratch::new(&model.config, ids.len());
-    let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
-    model.forward(ids, &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap();
-    logits
 }
 
 fn load(path: &std::path::Path, ty: WeightType) -> kvgpt::Loaded {
@@ -34,7 +20,7 @@ fn load(path: &std::path::Path, ty: WeightType) -> kvgpt::Loaded {
 #[test]
 fn f32_gguf_gives_the_safetensors_bits_and_hf_ids() {
     let st = load_fixture();
-    let g = load(&gguf("f32"), WeightType::F32);
+    let g = load(&gguf_fixture("f32"), WeightType::F32);
     assert_eq!(g.model.config, st.model.config, "the config from the GGUF metadata");
     assert_eq!(g.model.weights_dtype(), "f32");
     let reference = Reference::load();
@@ -51,7 +37,7 @@ fn f16_gguf_is_the_source_held_as_f16() {
     let st16 =
         Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), WeightType::F16)
             .unwrap();
-    let g = load(&gguf("f16"), WeightType::F32);
+    let g = load(&gguf_fixture("f16"), WeightType::F32);
     assert_eq!(g.model.weights_dtype(), "f32");
     for p in Reference::load().prompts().iter().take(3) {
         // The converter rounds to f16 as kvgpt does (to nearest even); both then widen exactly.
@@ -61,7 +47,7 @@ fn f16_gguf_is_the_source_held_as_f16() {
 
 #[test]
 fn q8_0_gguf_tracks_hf() {
-    let g = load(&gguf("q8_0"), WeightType::F32);
+    let g = load(&gguf_fixture("q8_0"), WeightType::F32);
     let reference = Reference::load();
     let v = g.model.config.vocab_size;
     let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
@@ -85,7 +71,7 @@ fn the_cli_takes_a_gguf_as_model_and_refuses_broken_ones() {
     let reference = Reference::load();
     let p = &reference.prompts()[0];
     let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap();
-    let m = gguf("f32").to_string_lossy().into_owned();
+    let m = gguf_fixture("f32").to_string_lossy().into_owned();
     let out = run(&["generate", "--model", &m, "-n", "10", "--ignore-eos", "--json", &p.text]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -94,7 +80,7 @@ fn the_cli_takes_a_gguf_as_model_and_refuses_broken_ones() {
     let out = run(&["info", "--model", &m]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("2 layers, 4 heads × 16 = 64 channels"));
     let dir = tempfile::tempdir().unwrap();
-    let bytes = std::fs::read(gguf("q8_0")).unwrap();
+    let bytes = std::fs::read(gguf_fixture("q8_0")).unwrap();
     for (name, data, says) in [
         ("cut.gguf", bytes[..bytes.len() / 2].to_vec(), "lies beyond the end of the file"),
         ("head.gguf", bytes[..100].to_vec(), "the header ends too soon"),
@@ -153,7 +139,7 @@ fn open_error(bytes: &[u8], name: &str) -> String {
 /// missing `x.gguf` is a missing file, not a Hub lookup.
 #[test]
 fn bad_ggufs_are_named_as_ggufs_with_their_type_and_architecture() {
-    let whole = std::fs::read(gguf("q8_0")).unwrap();
+    let whole = std::fs::read(gguf_fixture("q8_0")).unwrap();
     let e = open_error(&whole[..100], "cut-header.gguf");
     assert!(e.contains("not a valid GGUF file") && e.contains("ends too soon"), "{e}");
     let e = open_error(&whole[..3_000_000], "cut-data.gguf");

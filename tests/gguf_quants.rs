@@ -7,8 +7,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{KvCache, Model, NoTap, Scratch, WeightType};
-use std::path::PathBuf;
+use kvgpt::{Model, WeightType};
 use std::process::Command;
 
 const TYPES: [(&str, WeightType); 5] = [
@@ -19,20 +18,8 @@ const TYPES: [(&str, WeightType); 5] = [
     ("q5_1", WeightType::Q5_1),
 ];
 
-fn gguf(t: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
-}
-
 fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|f| f.to_bits()).collect()
-}
-
-fn all_logits(model: &Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::new(&model.config);
-    let mut scratch = Scratch::new(&model.config, ids.len());
-    let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
-    model.forward(ids, &mut cache, &mut scratch, &mut NoTap, &mut logits).unwrap();
-    logits
 }
 
 fn load(path: &std::path::Path, ty: Option<WeightType>) -> Model {
@@ -44,7 +31,7 @@ fn load(path: &std::path::Path, ty: Option<WeightType>) -> Model {
 fn llama_cpp_blocks_are_what_dtype_makes_of_the_source() {
     let reference = Reference::load();
     for (name, ty) in TYPES {
-        let stored = load(&gguf(name), None);
+        let stored = load(&gguf_fixture(name), None);
         assert_eq!(stored.weights_dtype(), name, "a {name} GGUF is held as {name} by default");
         let source =
             Model::load_as(&fixture_dir().join("config.json"), &fixture_dir().join("model.safetensors"), ty).unwrap();
@@ -60,9 +47,9 @@ fn the_weights_held_are_the_files_and_track_hf() {
     let reference = Reference::load();
     let v = 50257;
     for (name, _) in TYPES {
-        let stored = load(&gguf(name), None);
+        let stored = load(&gguf_fixture(name), None);
         // The same file widened to f32 (ggml's dequantization): the held weights are those values.
-        let widened = load(&gguf(name), Some(WeightType::F32));
+        let widened = load(&gguf_fixture(name), Some(WeightType::F32));
         for c in [0, 1, 17, 50256] {
             assert_eq!(bits(&stored.wte.column(c)), bits(&widened.wte.column(c)), "{name}: wte column {c}");
         }
@@ -95,7 +82,7 @@ fn the_weights_held_are_the_files_and_track_hf() {
 #[test]
 fn dtype_converts_a_gguf_only_when_asked_and_says_so() {
     let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(args).output().unwrap();
-    let m = gguf("q4_0").to_string_lossy().into_owned();
+    let m = gguf_fixture("q4_0").to_string_lossy().into_owned();
     let json = |out: &std::process::Output| -> serde_json::Value {
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         serde_json::Deserializer::from_slice(&out.stdout).into_iter().next().unwrap().unwrap()

@@ -254,15 +254,7 @@ fn block_types_every_path_equal_their_definition() {
 #[test]
 fn quantized_types_every_path_equal_their_definition_on_awkward_shapes() {
     // Weights quantized by kvgpt (the --dtype path), shapes whose K is not a whole block.
-    for ty in [
-        WeightType::W8A8,
-        WeightType::Q8_0,
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-        WeightType::Q4K,
-    ] {
+    for ty in WeightType::ALL.into_iter().filter(|t| t.is_integer()) {
         for (t, k, n) in [(1, 1, 1), (3, 7, 17), (1, 33, 48), (4, 64, 257), (7, 300, 16), (2, 96, 40), (1, 768, 2304)] {
             let mut g = Gen((t * 31 + k * 7 + n) as u64);
             let (inp, w, bias) = (g.vec(t * k), g.vec(k * n), g.vec(n));

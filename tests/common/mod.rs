@@ -92,6 +92,20 @@ pub fn sampling_reference() -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
+/// The fixture's GGUF of type `t` (`tests/fixtures/gguf/tiny-gpt2-{t}.gguf`).
+pub fn gguf_fixture(t: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
+}
+
+/// The logits at every position of `ids`, in one forward pass from an empty cache.
+pub fn all_logits(model: &kvgpt::Model, ids: &[u32]) -> Vec<f32> {
+    let mut cache = kvgpt::KvCache::new(&model.config);
+    let mut scratch = kvgpt::Scratch::new(&model.config, ids.len());
+    let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
+    model.forward(ids, &mut cache, &mut scratch, &mut kvgpt::NoTap, &mut logits).unwrap();
+    logits
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "lengths differ");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
