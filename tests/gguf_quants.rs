@@ -100,3 +100,23 @@ fn dtype_converts_a_gguf_only_when_asked_and_says_so() {
     let info = String::from_utf8_lossy(&run(&["info", "-m", &m]).stdout).into_owned();
     assert!(info.contains("q4_0") && info.contains("(as the file stores it; the default)"), "{info}");
 }
+
+/// A block whose scale is not a number is refused, naming the tensor, and the CLI says so without
+/// a panic. (The fixture's last 18 bytes are the last Q4_0 block of `blk.1.ffn_up.weight`, the
+/// tensor llama-quantize wrote last: its f16 scale comes first.)
+#[test]
+fn a_block_no_quantizer_writes_is_refused_with_its_tensor() {
+    let mut bytes = std::fs::read(gguf_fixture("q4_0")).unwrap();
+    let at = bytes.len() - 18;
+    bytes[at..at + 2].copy_from_slice(&0x7e00u16.to_le_bytes()); // f16 NaN
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nan-scale.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["generate", "-m", path.to_str().unwrap(), "x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("tensor `blk.1.ffn_up.weight`: a block's scale is NaN") && !err.contains("panicked"), "{err}");
+}

@@ -287,3 +287,22 @@ fn quantized_types_every_path_equal_their_definition_on_awkward_shapes() {
         }
     }
 }
+
+#[test]
+fn blocks_no_ggml_quantizer_writes_are_refused() {
+    // Q8_0 holding -128 (ggml rounds within ±127; AVX2's sign trick could not take it).
+    let mut b = vec![0u8; 34];
+    b[..2].copy_from_slice(&f16::from_f32(0.5).to_le_bytes());
+    b[9] = 0x80;
+    let e = widen_blocks(WeightType::Q8_0, &b, &mut [0.0; 32]).unwrap_err();
+    assert!(e.contains("holds -128"), "{e}");
+    let mut m = PackedMatrix::zeros(32, 1, WeightType::Q8_0);
+    assert!(m.set_col_blocks(0, &b).unwrap_err().contains("holds -128"));
+    // A scale that is not a number, and blocks that do not make a column.
+    let mut b = vec![0u8; 18];
+    b[..2].copy_from_slice(&f16::INFINITY.to_le_bytes());
+    let e = widen_blocks(WeightType::Q4_0, &b, &mut [0.0; 32]).unwrap_err();
+    assert!(e.contains("scale is inf"), "{e}");
+    let mut m = PackedMatrix::zeros(64, 1, WeightType::Q4_0);
+    assert!(m.set_col_blocks(0, &[0u8; 18]).unwrap_err().contains("18 bytes of q4_0 blocks for a row of 64"));
+}
