@@ -110,13 +110,23 @@ impl Ints {
         }
     }
 
-    /// Panel `p`'s row `i` widened: `scale · q (+ min)`.
+    /// Element (row `i`, lane `j`) of panel `p` widened: `scale · q (+ min)`.
+    #[inline(always)]
+    pub(crate) fn widened(&self, p: usize, i: usize, j: usize) -> f32 {
+        let at = sub_block_index(self.kp, self.sub, p, i / self.sub) + j;
+        let v = self.scales[at] * self.value(p, i, j) as f32;
+        if self.mins.is_empty() {
+            v
+        } else {
+            v + self.mins[at]
+        }
+    }
+
+    /// Panel `p`'s row `i` widened.
     pub(crate) fn row(&self, p: usize, i: usize) -> [f32; NR] {
-        let at = sub_block_index(self.kp, self.sub, p, i / self.sub);
         let mut out = [0.0f32; NR];
         for (j, o) in out.iter_mut().enumerate() {
-            let v = self.scales[at + j] * self.value(p, i, j) as f32;
-            *o = if self.mins.is_empty() { v } else { v + self.mins[at + j] };
+            *o = self.widened(p, i, j);
         }
         out
     }

@@ -305,7 +305,11 @@ impl PackedMatrix {
     /// Element `(i, c)` widened to f32 (the value the kernels multiply with).
     pub fn get(&self, i: usize, c: usize) -> f32 {
         assert!(i < self.k && c < self.n, "get: ({i}, {c}) outside a {}x{} matrix", self.k, self.n);
-        self.panel_row(c / NR, i)[c % NR]
+        match &self.data {
+            // One element, not its panel row: a token's embedding reads a column of these.
+            Storage::Ints(w) => w.widened(c / NR, i, c % NR),
+            _ => self.panel_row(c / NR, i)[c % NR],
+        }
     }
 
     /// Panel `p`'s row `i` widened to f32 (the values the kernels multiply with).
