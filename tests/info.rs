@@ -45,7 +45,9 @@ fn the_cli_prints_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(["info", "--model", &m, "--json"]).output().unwrap();
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["kv_cache"]["bytes_per_token"], 2 * 2 * 64 * 4);
-    assert_eq!(j["weight_bytes"].as_array().unwrap().len(), 5);
+    // One entry per --dtype.
+    let names: Vec<&str> = j["weight_bytes"].as_array().unwrap().iter().map(|d| d["dtype"].as_str().unwrap()).collect();
+    assert_eq!(names, ["f32", "f16", "bf16", "q8", "w8a8", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k"]);
     let out =
         Command::new(env!("CARGO_BIN_EXE_kvgpt")).args(["info", "--model", "/nonexistent/folder"]).output().unwrap();
     assert!(!out.status.success());
