@@ -62,6 +62,7 @@ pub mod stop;
 pub mod tap;
 pub mod tokenizer;
 pub mod verify;
+pub mod views;
 pub mod weights;
 pub mod work;
 

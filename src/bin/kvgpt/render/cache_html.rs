@@ -61,7 +61,7 @@ pub fn html(v: &CacheView) -> Result<String> {
     let _ = writeln!(
         out,
         "<script>\n{}{}</script>\n</body>\n</html>",
-        include_str!("pages.js"),
+        kvgpt::views::PAGES_JS,
         include_str!("cache_viewer.js")
     );
     Ok(out)

@@ -3,11 +3,10 @@
 //! value as a tooltip, masked cells grey, a divider above the rows decoded with the KV cache on,
 //! and a colour bar with values.
 
-use super::grid::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick};
+use super::grid::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick, MASKED};
 use std::fmt::Write as _;
 
 /// The colour of a masked cell (a key after its query): grey, never on the scale.
-pub const MASKED: &str = "#d9d9d9";
 /// The colour of the dashed line above the rows decoded with the KV cache on: black, which is
 /// neither on the scale nor a head's colour in the HTML viewer.
 pub const DIVIDER: &str = "#000000";

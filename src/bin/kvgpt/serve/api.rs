@@ -389,25 +389,11 @@ pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
     Ok(p)
 }
 
-/// Where a chat answer ends even without a stop of the client's: the next turn's label.
-pub const CHAT_STOP: &str = "\nUser:";
+use kvgpt::chat::CHAT_STOP;
 
-/// GPT-2 has no chat template of its own; this plain one is documented in README.md:
-/// system messages first, as paragraphs; then `User: …` and `Assistant: …` lines; then
-/// `Assistant:` for the answer.
+/// The chat template (`kvgpt::chat::template`, documented in README.md) over the messages.
 pub fn chat_template(messages: &[Message]) -> String {
-    let mut s = String::new();
-    for m in messages.iter().filter(|m| m.role == "system" || m.role == "developer") {
-        s.push_str(m.content.trim());
-        s.push_str("\n\n");
-    }
-    for m in messages.iter().filter(|m| m.role == "user" || m.role == "assistant") {
-        s.push_str(if m.role == "user" { "User: " } else { "Assistant: " });
-        s.push_str(m.content.trim());
-        s.push('\n');
-    }
-    s.push_str("Assistant:");
-    s
+    kvgpt::chat::template(messages.iter().map(|m| (m.role.as_str(), m.content.as_str())))
 }
 
 /// `/tokenize`: `{"content": text}` (llama.cpp) or `{"prompt": text}`.

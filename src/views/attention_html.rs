@@ -2,7 +2,7 @@
 //! attention: a layer picker, a head picker with "all heads", bertviz-style lines from a token to
 //! what it attends to on hover, the heatmap with both axes labelled, and the colour scale.
 
-use super::grid::{axis_label, xml_escape, PALETTE};
+use super::grid::{axis_label, xml_escape, MASKED, PALETTE};
 use serde_json::json;
 use std::fmt::Write as _;
 
@@ -43,7 +43,7 @@ pub fn html(v: &Viewer) -> String {
         "layers": v.layers,
         "heads": v.heads,
         "palette": PALETTE,
-        "masked": super::svg::MASKED,
+        "masked": MASKED,
         "attn": attn,
         "query": v.query,
     });
@@ -82,7 +82,6 @@ pub fn html(v: &Viewer) -> String {
          <figure id=\"grid-figure\"><figcaption id=\"grid-caption\"></figcaption><svg id=\"grid\"></svg></figure>\n</div>\n",
     );
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{data}</script>");
-    let _ =
-        writeln!(out, "<script>\n{}{}</script>\n</body>\n</html>", include_str!("pages.js"), include_str!("viewer.js"));
+    let _ = writeln!(out, "<script>\n{}{}</script>\n</body>\n</html>", super::PAGES_JS, include_str!("viewer.js"));
     out
 }

@@ -29,6 +29,9 @@ impl Grid {
     }
 }
 
+/// A masked cell (a key after its query), in every picture.
+pub const MASKED: &str = "#d9d9d9";
+
 /// The cache view's marks: a row the step wrote (or, without the cache, ran again), and a row
 /// read from the cache.
 pub const WRITTEN: &str = "#f28e2b";

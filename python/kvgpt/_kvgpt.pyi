@@ -1,0 +1,91 @@
+"""Type stubs of kvgpt's native module (python/src/*.rs)."""
+
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, TypedDict, Union
+
+import numpy as np
+import numpy.typing as npt
+
+Input = Union[str, Sequence[int]]
+
+class Generated(TypedDict):
+    text: str
+    ids: List[int]
+    prompt_ids: List[int]
+    finish_reason: str  # "eos" | "length" | "stop"
+
+class Token(TypedDict):
+    id: int
+    text: str
+
+class Scored(TypedDict):
+    loss: float
+    perplexity: float
+    ids: List[int]
+    surprisal: List[float]
+
+def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> Model: ...
+def chat_template(messages: List[Dict[str, str]]) -> str: ...
+
+class Model:
+    @property
+    def config(self) -> Dict[str, Union[int, str]]: ...
+    def tokenize(self, text: str) -> List[int]: ...
+    def detokenize(self, ids: List[int]) -> str: ...
+    def generate(
+        self,
+        prompt: Input,
+        max_tokens: int = 16,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stop: Optional[List[str]] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        ignore_eos: bool = False,
+    ) -> Generated: ...
+    def stream(
+        self,
+        prompt: Input,
+        max_tokens: int = 16,
+        temperature: Optional[float] = None,
+        top_k: Optional[int] = None,
+        top_p: Optional[float] = None,
+        seed: int = 0,
+        stop: Optional[List[str]] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        ignore_eos: bool = False,
+    ) -> Stream: ...
+    def hook_names(self) -> List[str]: ...
+    def run_with_cache(
+        self, input: Input, names: Optional[List[str]] = None
+    ) -> Tuple[npt.NDArray[np.float32], Dict[str, npt.NDArray[np.float32]]]: ...
+    def kv_cache(self, input: Input) -> KvCache: ...
+    def score(self, text: Input) -> Scored: ...
+    def attention_view(self, input: Input) -> AttentionView: ...
+
+class Stream(Iterator[Token]):
+    def __next__(self) -> Token: ...
+    @property
+    def result(self) -> Optional[Generated]: ...
+
+class KvCache:
+    @property
+    def length(self) -> int: ...
+    def __len__(self) -> int: ...
+    @property
+    def ids(self) -> List[int]: ...
+    @property
+    def logits(self) -> npt.NDArray[np.float32]: ...
+    def k(self, layer: int) -> npt.NDArray[np.float32]: ...
+    def v(self, layer: int) -> npt.NDArray[np.float32]: ...
+    def step(self, token: Union[int, str]) -> npt.NDArray[np.float32]: ...
+
+class AttentionView:
+    @property
+    def html(self) -> str: ...
+    def _repr_html_(self) -> str: ...
+    def save(self, path: str) -> None: ...

@@ -1,0 +1,225 @@
+//! `Model.generate` and `Model.stream`: `kvgpt generate`'s loop (`kvgpt::generate_from`) and its
+//! text (`kvgpt::stop::TextStream`), so the same settings give the same bits as the CLI.
+
+use crate::model::{ids_of, Engine, Model};
+use crate::py_err;
+use kvgpt::stop::TextStream;
+use kvgpt::{FinishReason, GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex};
+
+/// What a generation was asked for.
+#[derive(Clone)]
+struct Ask {
+    ids: Vec<u32>,
+    opts: GenerateOptions,
+    stop: Vec<String>,
+}
+
+/// Runs the CLI's generation over `ask`, handing each token and the text it shows to `emit`
+/// (false: the caller stopped listening), and at the end any text held back (no token);
+/// returns the generation and its whole text.
+fn run(l: &Loaded, ask: &Ask, emit: &mut dyn FnMut(Option<u32>, &str) -> bool) -> kvgpt::Result<(Generation, String)> {
+    let eos = l.model.config.eos_token_id;
+    let mut seq = Sequence::new(&l.model, &ask.ids, ask.opts.max_new_tokens, ask.opts.sampling)?;
+    let mut stream = TextStream::new(&l.tokenizer, ask.opts.stop_at_eos.then_some(eos), ask.stop.clone());
+    let mut text = String::new();
+    let g = kvgpt::generate_from(&l.model, &mut seq, &ask.opts, &mut |id, _| {
+        let (t, stopped) = stream.push(id);
+        text.push_str(&t);
+        Ok(if !emit(Some(id), &t) || stopped { Step::Stop } else { Step::Go })
+    })?;
+    if g.finish_reason != FinishReason::Stop {
+        let t = stream.finish();
+        text.push_str(&t);
+        if !t.is_empty() {
+            emit(None, &t);
+        }
+    }
+    Ok((g, text))
+}
+
+fn result<'py>(py: Python<'py>, g: &Generation, text: &str) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("text", text)?;
+    d.set_item("ids", &g.generated_ids)?;
+    d.set_item("prompt_ids", &g.prompt_ids)?;
+    d.set_item("finish_reason", g.finish_reason.as_str())?;
+    Ok(d)
+}
+
+/// One message from a generation running in the model's threads to the Python iterator.
+enum Msg {
+    Token(Option<u32>, String),
+    End(kvgpt::Result<(Generation, String)>),
+}
+
+/// Tokens as they are generated: each `next()` gives `{"id": …, "text": …}` (the text it makes
+/// visible, possibly empty; a last `{"id": None, "text": …}` carries text held back to the end,
+/// if any); then `result` holds what `generate` returns.
+#[pyclass(module = "kvgpt")]
+pub struct Stream {
+    rx: Mutex<Receiver<Msg>>,
+    result: Option<Py<PyDict>>,
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if self.result.is_some() {
+            return Ok(None);
+        }
+        let msg = py.detach(|| self.rx.lock().ok().and_then(|rx| rx.recv().ok()));
+        match msg {
+            Some(Msg::Token(id, text)) => {
+                let d = PyDict::new(py);
+                d.set_item("id", id)?;
+                d.set_item("text", text)?;
+                Ok(Some(d))
+            }
+            Some(Msg::End(Ok((g, text)))) => {
+                self.result = Some(result(py, &g, &text)?.unbind());
+                Ok(None)
+            }
+            Some(Msg::End(Err(e))) => Err(py_err(e)),
+            None => Err(pyo3::exceptions::PyRuntimeError::new_err("the generation's thread ended without a result")),
+        }
+    }
+
+    /// What `generate` returns, once the stream is exhausted (None before).
+    #[getter]
+    fn result<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyDict>> {
+        self.result.as_ref().map(|r| r.bind(py).clone())
+    }
+}
+
+/// The sampler the CLI's flags make: greedy unless a temperature, top-k or top-p is given (then
+/// temperature 1 unless given), with its ranges checked.
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
+fn sampling(
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    seed: u64,
+    repetition_penalty: f32,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+) -> PyResult<Sampling> {
+    let sampled = temperature.is_some() || top_k.is_some() || top_p.is_some();
+    let s = Sampling {
+        temperature: if sampled { temperature.unwrap_or(1.0) } else { 0.0 },
+        top_k,
+        top_p,
+        seed,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+    };
+    s.check().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(s)
+}
+
+impl Model {
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
+    fn ask(
+        &self,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: usize,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: u64,
+        stop: Option<Vec<String>>,
+        penalties: (f32, f32, f32),
+        ignore_eos: bool,
+    ) -> PyResult<Ask> {
+        if max_tokens == 0 {
+            return Err(PyValueError::new_err("max_tokens must be at least 1"));
+        }
+        let sampling = sampling(temperature, top_k, top_p, seed, penalties.0, penalties.1, penalties.2)?;
+        let ids = ids_of(&self.e, prompt)?;
+        kvgpt::generate::check_context(self.e.model(), ids.len(), max_tokens).map_err(py_err)?;
+        let stop = stop.unwrap_or_default();
+        if stop.iter().any(String::is_empty) {
+            return Err(PyValueError::new_err("a stop sequence is empty: give text, or leave it out"));
+        }
+        let opts = GenerateOptions { max_new_tokens: max_tokens, sampling, stop_at_eos: !ignore_eos, use_cache: true };
+        Ok(Ask { ids, opts, stop })
+    }
+}
+
+fn spawn(e: Arc<Engine>, ask: Ask) -> Receiver<Msg> {
+    let (tx, rx) = sync_channel(64);
+    std::thread::spawn(move || {
+        let end = e.install(|l| {
+            run(l, &ask, &mut |id, t| {
+                // A stream dropped by its reader stops the generation.
+                tx.send(Msg::Token(id, t.to_string())).is_ok()
+            })
+        });
+        let _ = tx.send(Msg::End(end));
+    });
+    rx
+}
+
+#[pymethods]
+impl Model {
+    /// Generates after `prompt` (a text or token ids) as `kvgpt generate` does: greedy unless a
+    /// temperature, top-k or top-p is given; `seed` makes sampling reproducible; generation ends
+    /// at the end-of-text token (unless `ignore_eos`), a `stop` sequence (cut before it) or
+    /// `max_tokens`. Returns `{"text", "ids", "prompt_ids", "finish_reason"}`.
+    #[pyo3(signature = (prompt, max_tokens=16, temperature=None, top_k=None, top_p=None, seed=0, stop=None,
+        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, ignore_eos=false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        max_tokens: usize,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: u64,
+        stop: Option<Vec<String>>,
+        repetition_penalty: f32,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        ignore_eos: bool,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let penalties = (repetition_penalty, presence_penalty, frequency_penalty);
+        let ask = self.ask(prompt, max_tokens, temperature, top_k, top_p, seed, stop, penalties, ignore_eos)?;
+        let (g, text) = self.e.run(py, |l| run(l, &ask, &mut |_, _| true))?;
+        result(py, &g, &text)
+    }
+
+    /// As `generate`, token by token: an iterator of `{"id", "text"}`, computed in the model's
+    /// threads while Python reads; its `result` is `generate`'s once it ends.
+    #[pyo3(signature = (prompt, max_tokens=16, temperature=None, top_k=None, top_p=None, seed=0, stop=None,
+        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, ignore_eos=false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
+    fn stream(
+        &self,
+        prompt: &Bound<'_, PyAny>,
+        max_tokens: usize,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: u64,
+        stop: Option<Vec<String>>,
+        repetition_penalty: f32,
+        presence_penalty: f32,
+        frequency_penalty: f32,
+        ignore_eos: bool,
+    ) -> PyResult<Stream> {
+        let penalties = (repetition_penalty, presence_penalty, frequency_penalty);
+        let ask = self.ask(prompt, max_tokens, temperature, top_k, top_p, seed, stop, penalties, ignore_eos)?;
+        Ok(Stream { rx: Mutex::new(spawn(self.e.clone(), ask)), result: None })
+    }
+}

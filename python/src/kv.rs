@@ -1,0 +1,132 @@
+//! `Model.kv_cache`: the lesson of the KV cache in code. A prompt is prefilled once; each
+//! `step(token)` computes only that token's Q, K and V and reads the cached history.
+
+use crate::model::{ids_of, Engine, Model};
+use kvgpt::{KvPart, Scratch};
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyIndexError;
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex};
+
+struct State {
+    cache: kvgpt::KvCache,
+    scratch: Scratch,
+    ids: Vec<u32>,
+    /// The logits of the last position fed, `[V]`.
+    logits: Vec<f32>,
+}
+
+/// A sequence's K and V, layer by layer, as kvgpt holds them while it decodes.
+#[pyclass(frozen, module = "kvgpt")]
+pub struct KvCache {
+    e: Arc<Engine>,
+    s: Mutex<State>,
+}
+
+impl KvCache {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.s.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds `new` after what the cache holds; the last position's logits are kept.
+    fn feed(&self, py: Python<'_>, new: &[u32]) -> PyResult<()> {
+        let mut s = self.state();
+        let v = self.e.model().config.vocab_size;
+        let State { cache, scratch, ids, logits } = &mut *s;
+        self.e.run(py, |l| {
+            kvgpt::generate::check_context(&l.model, ids.len() + new.len(), 0)?;
+            let mut out = vec![0.0f32; v];
+            l.model.run(new, cache, scratch, &mut out)?;
+            *logits = out;
+            ids.extend_from_slice(new);
+            Ok(())
+        })
+    }
+
+    fn part<'py>(&self, py: Python<'py>, layer: usize, part: KvPart) -> PyResult<Bound<'py, PyAny>> {
+        let cfg = &self.e.model().config;
+        if layer >= cfg.n_layer {
+            return Err(PyIndexError::new_err(format!("layer {layer}: the model has layers 0 to {}", cfg.n_layer - 1)));
+        }
+        let s = self.state();
+        let data = s.cache.gather(layer, part);
+        Ok(PyArray1::from_vec(py, data).reshape([cfg.n_head, s.cache.len(), cfg.head_dim()])?.into_any())
+    }
+}
+
+#[pymethods]
+impl KvCache {
+    /// Positions held.
+    #[getter]
+    fn length(&self) -> usize {
+        self.state().cache.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.length()
+    }
+
+    /// The ids whose K and V are held.
+    #[getter]
+    fn ids(&self) -> Vec<u32> {
+        self.state().ids.clone()
+    }
+
+    /// The logits after the last position fed, `[V]`.
+    #[getter]
+    fn logits<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
+        PyArray1::from_slice(py, &self.state().logits)
+    }
+
+    /// Layer `layer`'s keys, `[NH, length, HS]` (as Hugging Face's `past_key_values` hold them,
+    /// without the batch): a copy of what the cache holds now.
+    fn k<'py>(&self, py: Python<'py>, layer: usize) -> PyResult<Bound<'py, PyAny>> {
+        self.part(py, layer, KvPart::K)
+    }
+
+    /// Layer `layer`'s values, `[NH, length, HS]`.
+    fn v<'py>(&self, py: Python<'py>, layer: usize) -> PyResult<Bound<'py, PyAny>> {
+        self.part(py, layer, KvPart::V)
+    }
+
+    /// Decodes one token (an id, or a text of one token): its Q, K and V are computed, its K and
+    /// V appended, and it attends over every cached position. Returns its logits, `[V]`.
+    fn step<'py>(&self, py: Python<'py>, token: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let ids = match token.extract::<u32>() {
+            Ok(id) => vec![id],
+            Err(_) => ids_of(&self.e, token)?,
+        };
+        if ids.len() != 1 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "step takes one token; this is {} ({ids:?}): feed them one at a time",
+                ids.len()
+            )));
+        }
+        self.feed(py, &ids)?;
+        Ok(self.logits(py))
+    }
+
+    fn __repr__(&self) -> String {
+        let s = self.state();
+        let cfg = &self.e.model().config;
+        format!("<kvgpt.KvCache {} positions × {} layers × 2 × {} floats>", s.cache.len(), cfg.n_layer, cfg.n_embd)
+    }
+}
+
+#[pymethods]
+impl Model {
+    /// A KV cache holding `input` (a text or token ids), prefilled in one forward pass.
+    fn kv_cache(&self, py: Python<'_>, input: &Bound<'_, PyAny>) -> PyResult<KvCache> {
+        let ids = ids_of(&self.e, input)?;
+        let cfg = &self.e.model().config;
+        let state = State {
+            cache: kvgpt::KvCache::new(cfg),
+            scratch: Scratch::new(cfg, kvgpt::model::CHUNK_ROWS.min(cfg.n_positions)),
+            ids: Vec::new(),
+            logits: Vec::new(),
+        };
+        let kv = KvCache { e: self.e.clone(), s: Mutex::new(state) };
+        kv.feed(py, &ids)?;
+        Ok(kv)
+    }
+}

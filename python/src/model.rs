@@ -1,0 +1,157 @@
+//! `kvgpt.load` and the `Model` it returns: tokens in and out, and the loss of a text.
+
+use crate::py_err;
+use kvgpt::{Loaded, Locate, WeightType};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use std::sync::Arc;
+
+/// A loaded model and the threads that run it, shared by everything made from it.
+pub(crate) struct Engine {
+    pub(crate) loaded: Loaded,
+    pool: rayon::ThreadPool,
+}
+
+impl Engine {
+    /// Runs `f` in the model's pool with the GIL released.
+    pub(crate) fn run<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Loaded) -> kvgpt::Result<T> + Send,
+    ) -> PyResult<T> {
+        py.detach(|| self.install(f)).map_err(py_err)
+    }
+
+    /// Runs `f` in the model's pool (from a thread that holds no GIL).
+    pub(crate) fn install<T: Send>(&self, f: impl FnOnce(&Loaded) -> T + Send) -> T {
+        self.pool.install(|| f(&self.loaded))
+    }
+
+    pub(crate) fn model(&self) -> &kvgpt::Model {
+        &self.loaded.model
+    }
+}
+
+/// A GPT-2 loaded by kvgpt: immutable, shared by the caches and streams made from it.
+#[pyclass(frozen, module = "kvgpt")]
+pub struct Model {
+    pub(crate) e: Arc<Engine>,
+}
+
+/// The input of most methods: a text, or token ids.
+pub(crate) fn ids_of(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(text) = input.extract::<String>() {
+        return e.loaded.tokenizer.encode(&text).map_err(py_err);
+    }
+    match input.extract::<Vec<u32>>() {
+        Ok(ids) if !ids.is_empty() => Ok(ids),
+        Ok(_) => Err(PyValueError::new_err("the token ids are empty: give at least one")),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "expected a str or a list of token ids, got {}",
+            input.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
+        ))),
+    }
+}
+
+/// The `--dtype` names kvgpt can convert to.
+fn weight_type(name: &str) -> PyResult<WeightType> {
+    WeightType::ALL.into_iter().find(|t| t.name() == name).ok_or_else(|| {
+        let names: Vec<&str> = WeightType::ALL.iter().map(|t| t.name()).collect();
+        PyValueError::new_err(format!(
+            "dtype {name:?} is not one kvgpt holds weights as; choose one of {}",
+            names.join(", ")
+        ))
+    })
+}
+
+/// Loads a model folder, a GGUF file or a Hugging Face Hub id, as `kvgpt --model` finds them.
+/// `dtype` converts the weight matrices (default: as the file stores them; f32 from
+/// safetensors); `threads` sizes the model's thread pool (default: one per core); `offline`
+/// uses only the local Hugging Face cache.
+#[pyfunction]
+#[pyo3(signature = (model, dtype=None, threads=None, offline=false))]
+pub fn load(
+    py: Python<'_>,
+    model: &str,
+    dtype: Option<&str>,
+    threads: Option<usize>,
+    offline: bool,
+) -> PyResult<Model> {
+    let dtype = dtype.map(weight_type).transpose()?;
+    if threads == Some(0) {
+        return Err(PyValueError::new_err("threads must be at least 1 (None: one per core)"));
+    }
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads {
+        b = b.num_threads(n);
+    }
+    let pool = b.build().map_err(|e| PyValueError::new_err(format!("could not start {threads:?} threads: {e}")))?;
+    let loaded = py
+        .detach(|| {
+            pool.install(|| Locate::from_env(offline).resolve(model).and_then(|f| kvgpt::load_holding(&f, dtype)))
+        })
+        .map_err(py_err)?;
+    Ok(Model { e: Arc::new(Engine { loaded, pool }) })
+}
+
+#[pymethods]
+impl Model {
+    /// The model's text and token ids.
+    fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
+        self.e.loaded.tokenizer.encode(text).map_err(py_err)
+    }
+
+    /// Text of token ids (bytes that are not whole characters become U+FFFD).
+    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+        let vocab = self.e.model().config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(py_err(kvgpt::Error::BadTokenId { id, vocab }));
+        }
+        Ok(self.e.loaded.tokenizer.decode(&ids))
+    }
+
+    /// The config: layers, heads, widths, context, vocabulary, and how the weights are held.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (m, d) = (self.e.model(), PyDict::new(py));
+        let c = &m.config;
+        d.set_item("name", &self.e.loaded.files.name)?;
+        d.set_item("n_layer", c.n_layer)?;
+        d.set_item("n_head", c.n_head)?;
+        d.set_item("n_embd", c.n_embd)?;
+        d.set_item("d_head", c.head_dim())?;
+        d.set_item("n_inner", c.n_inner)?;
+        d.set_item("n_positions", c.n_positions)?;
+        d.set_item("vocab_size", c.vocab_size)?;
+        d.set_item("eos_token_id", c.eos_token_id)?;
+        d.set_item("dtype", m.weights_dtype())?;
+        d.set_item("isa", m.isa().name())?;
+        d.set_item("threads", self.e.pool.current_num_threads())?;
+        Ok(d)
+    }
+
+    /// The mean loss of predicting each token of `text` from the ones before it (the first has
+    /// no prediction), its perplexity, and every token's surprisal in nats, as `kvgpt score`
+    /// computes them (windows of the whole context, stride half of it).
+    fn score<'py>(&self, py: Python<'py>, text: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyDict>> {
+        let ids = ids_of(&self.e, text)?;
+        if ids.len() < 2 {
+            return Err(PyValueError::new_err("score needs at least two tokens: the first has nothing before it"));
+        }
+        let n = self.e.model().config.n_positions;
+        let s = self.e.run(py, |l| kvgpt::score::score(&l.model, &ids, n, n / 2))?;
+        let d = PyDict::new(py);
+        d.set_item("loss", s.mean_loss)?;
+        d.set_item("perplexity", s.perplexity)?;
+        d.set_item("ids", &ids)?;
+        let surprisal: Vec<f64> = s.tokens.iter().map(|t| t.surprisal).collect();
+        d.set_item("surprisal", PyList::new(py, surprisal)?)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let m = self.e.model();
+        format!("<kvgpt.Model {} ({} layers, {})>", self.e.loaded.files.name, m.config.n_layer, m.weights_dtype())
+    }
+}

@@ -1,0 +1,79 @@
+//! `Model.attention_view`: kvgpt's self-contained attention viewer (the page `kvgpt inspect
+//! attention --html` writes) for a text, every layer and head, shown inline by Jupyter.
+
+use crate::model::{ids_of, Model};
+use kvgpt::views::attention_html::{html, Viewer};
+use kvgpt::{KvCache, Point, Scratch, Tap};
+use pyo3::prelude::*;
+
+/// Records the attention weights of every layer.
+struct Probs(Vec<Vec<f32>>);
+
+impl Tap for Probs {
+    fn wants(&self, point: Point) -> bool {
+        matches!(point, Point::AttnProbs(_))
+    }
+    fn record(&mut self, point: Point, _: &[usize], data: &[f32]) {
+        if let Point::AttnProbs(l) = point {
+            self.0[l] = data.to_vec();
+        }
+    }
+}
+
+/// kvgpt's attention viewer for a text: one self-contained HTML page (`html`), which Jupyter
+/// shows inline (in a sandboxed frame of its own, so its script and style stay out of the
+/// notebook's).
+#[pyclass(frozen, module = "kvgpt")]
+pub struct AttentionView {
+    #[pyo3(get)]
+    html: String,
+}
+
+#[pymethods]
+impl AttentionView {
+    fn _repr_html_(&self) -> String {
+        let escaped = self.html.replace('&', "&amp;").replace('"', "&quot;");
+        format!(
+            r#"<iframe srcdoc="{escaped}" style="width:100%;height:640px;border:0" sandbox="allow-scripts"></iframe>"#
+        )
+    }
+
+    /// Writes the page to `path` (it opens in any browser, with no network).
+    fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
+        std::fs::write(&path, &self.html)
+            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("could not write {}: {e}", path.display())))
+    }
+}
+
+#[pymethods]
+impl Model {
+    /// kvgpt's attention viewer for `input` (a text or token ids), every layer and head: a layer
+    /// and head picker, lines from each token to what it attends to, the heatmap.
+    fn attention_view(&self, py: Python<'_>, input: &Bound<'_, PyAny>) -> PyResult<AttentionView> {
+        let cfg = self.e.model().config.clone();
+        let ids = ids_of(&self.e, input)?;
+        kvgpt::generate::check_context(self.e.model(), ids.len(), 0).map_err(crate::py_err)?;
+        let t = ids.len();
+        let probs = self.e.run(py, |l| {
+            let mut tap = Probs(vec![Vec::new(); cfg.n_layer]);
+            let mut cache = KvCache::with_capacity(&cfg, t);
+            let mut scratch = Scratch::new(&cfg, t);
+            l.model.forward(&ids, &mut cache, &mut scratch, &mut tap, &mut [])?;
+            Ok(tap.0)
+        })?;
+        let tok = &self.e.loaded.tokenizer;
+        let labels: Vec<String> = ids.iter().map(|&i| tok.token_label(i)).collect();
+        let (layers, heads): (Vec<usize>, Vec<usize>) = ((0..cfg.n_layer).collect(), (0..cfg.n_head).collect());
+        let title = format!("attention of {} ({} tokens)", self.e.loaded.files.name, t);
+        let page = html(&Viewer {
+            title: &title,
+            tokens: &labels,
+            prompt_len: t,
+            layers: &layers,
+            heads: &heads,
+            weights: probs.iter().map(|p| p.chunks(t * t).collect()).collect(),
+            query: None,
+        });
+        Ok(AttentionView { html: page })
+    }
+}

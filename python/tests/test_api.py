@@ -1,0 +1,74 @@
+"""Bad input raises a clear exception and the interpreter goes on; the OpenAI-shaped answers; the
+viewer; the example script."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvgpt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bad_input_raises_clear_exceptions(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        kvgpt.load(str(tmp_path / "nope"), offline=True)
+    with pytest.raises(ValueError, match="dtype \"q3\" is not one kvgpt holds weights as; choose one of f32"):
+        kvgpt.load(str(ROOT / "tests" / "fixtures" / "tiny-gpt2"), dtype="q3")
+    with pytest.raises(ValueError, match="128"):
+        model.generate("hello " * 200)
+    with pytest.raises(ValueError, match="128"):
+        model.run_with_cache(list(range(129)))
+    with pytest.raises(TypeError, match="expected a str or a list of token ids, got int"):
+        model.generate(42)
+    with pytest.raises(ValueError, match="50257"):
+        model.detokenize([50257])
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate("x", temperature=-1.0)
+    with pytest.raises(ValueError, match="step takes one token"):
+        model.kv_cache("The cat").step(" sat on")
+    with pytest.raises(IndexError, match="layers 0 to 1"):
+        model.kv_cache("The cat").k(2)
+    # Still alive, and right.
+    assert model.tokenize("The cat sat on") == [464, 3797, 3332, 319]
+
+
+def test_openai_shaped_answers(model, reference):
+    doc, _ = reference
+    p = doc["prompts"][0]
+    out = model.create_completion(p["text"], max_tokens=10)
+    assert out["object"] == "text_completion" and out["choices"][0]["finish_reason"] == "length"
+    assert out["choices"][0]["text"] == model.detokenize(p["greedy"]["ids"][:10])
+    assert out["usage"] == {"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14}
+    chunks = list(model.create_completion(p["text"], max_tokens=10, stream=True))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == out["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert kvgpt.chat_template(msgs) == "Be brief.\n\nUser: Hi\nAssistant:"
+    chat = model.create_chat_completion(msgs, max_tokens=6)
+    r = model.generate("Be brief.\n\nUser: Hi\nAssistant:", max_tokens=6, stop=["\nUser:"])
+    assert chat["choices"][0]["message"] == {"role": "assistant", "content": r["text"].lstrip()}
+    with pytest.raises(ValueError, match="role \"tool\""):
+        kvgpt.chat_template([{"role": "tool", "content": "x"}])
+
+
+def test_attention_view_is_kvgpt_viewer_with_the_weights(model, reference):
+    doc, t = reference
+    view = model.attention_view("The cat sat on")
+    assert view.html.startswith("<!DOCTYPE html>") and "attention of" in view.html
+    assert view._repr_html_().startswith("<iframe srcdoc=")
+    # The page carries HF's weights (five decimals): layer 1, head 2, query 3 over its keys.
+    import json
+    import re
+    data = json.loads(re.search(r'<script type="application/json" id="kvgpt-data">(.*?)</script>', view.html, re.S)[1])
+    assert data["tokens"] == ["The", "·cat", "·sat", "·on"]
+    assert np.max(np.abs(np.array(data["attn"][1][2][3]) - t["p0.attn.1"][2, 3])) < 1e-4
+
+
+def test_the_example_runs(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "notebook.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "loss" in r.stdout and "viewer:" in r.stdout
