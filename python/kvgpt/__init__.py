@@ -61,31 +61,22 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def create_completion(
-    model: Model,
-    prompt: Union[str, Sequence[int]],
-    max_tokens: int = 16,
-    temperature: Optional[float] = None,
-    top_p: Optional[float] = None,
-    top_k: Optional[int] = None,
-    seed: int = 0,
-    stop: Optional[Union[str, List[str]]] = None,
-    stream: bool = False,
-    repeat_penalty: float = 1.0,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
-) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+def _generate_kw(stop: Optional[Union[str, List[str]]], repeat_penalty: float = 1.0, **kw: Any) -> Dict[str, Any]:
+    """llama-cpp-python's keywords as `Model.generate`'s (`repeat_penalty` is HF's repetition penalty)."""
+    return {**kw, "stop": [stop] if isinstance(stop, str) else stop, "repetition_penalty": repeat_penalty}
+
+
+def create_completion(model: Model, prompt: Union[str, Sequence[int]], stop: Optional[Union[str, List[str]]] = None,
+                      stream: bool = False, **kw: Any) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
     """An OpenAI-shaped completion, as llama-cpp-python's `Llama.create_completion` returns it
-    (`stream=True`: an iterator of chunks)."""
-    stops = [stop] if isinstance(stop, str) else stop
-    kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stops,
-              repetition_penalty=repeat_penalty, presence_penalty=presence_penalty,
-              frequency_penalty=frequency_penalty)
+    (`stream=True`: an iterator of chunks). Keywords: `max_tokens` (16), `temperature`, `top_p`,
+    `top_k`, `seed`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`."""
+    args = _generate_kw(stop, **kw)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": model.config["name"]}
     if stream:
-        return _completion_chunks(model.stream(prompt, **kw), head)
-    r = model.generate(prompt, **kw)
+        return _completion_chunks(model.stream(prompt, **args), head)
+    r = model.generate(prompt, **args)
     choice = {"text": r["text"], "index": 0, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}
     return {**head, "choices": [choice], "usage": _usage(len(r["prompt_ids"]), len(r["ids"]))}
 
@@ -98,33 +89,20 @@ def _completion_chunks(s: Stream, head: Dict[str, Any]) -> Iterator[Dict[str, An
     yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}]}
 
 
-def create_chat_completion(
-    model: Model,
-    messages: List[Dict[str, str]],
-    max_tokens: int = 64,
-    temperature: Optional[float] = None,
-    top_p: Optional[float] = None,
-    top_k: Optional[int] = None,
-    seed: int = 0,
-    stop: Optional[Union[str, List[str]]] = None,
-    stream: bool = False,
-    repeat_penalty: float = 1.0,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
-) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+def create_chat_completion(model: Model, messages: List[Dict[str, str]], stop: Optional[Union[str, List[str]]] = None,
+                           stream: bool = False, max_tokens: int = 64,
+                           **kw: Any) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
     """An OpenAI-shaped chat completion over kvgpt's plain chat template (the server's: system
     messages as paragraphs, then `User: …` / `Assistant: …` lines); the answer ends at the next
-    `User:` line, or a stop of yours."""
+    `User:` line, or a stop of yours. The keywords are `create_completion`'s."""
     stops = ["\nUser:"] + ([stop] if isinstance(stop, str) else list(stop or []))
-    kw = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop=stops,
-              repetition_penalty=repeat_penalty, presence_penalty=presence_penalty,
-              frequency_penalty=frequency_penalty)
+    args = _generate_kw(stops, max_tokens=max_tokens, **kw)
     prompt = chat_template(messages)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": model.config["name"]}
     if stream:
-        return _chat_chunks(model.stream(prompt, **kw), head)
-    r = model.generate(prompt, **kw)
+        return _chat_chunks(model.stream(prompt, **args), head)
+    r = model.generate(prompt, **args)
     message = {"role": "assistant", "content": r["text"].lstrip()}
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}
     return {**head, "choices": [choice], "usage": _usage(len(r["prompt_ids"]), len(r["ids"]))}

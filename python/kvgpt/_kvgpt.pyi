@@ -4,6 +4,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, TypedDict, U
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Unpack
 
 Input = Union[str, Sequence[int]]
 
@@ -12,6 +13,18 @@ class Generated(TypedDict):
     ids: List[int]
     prompt_ids: List[int]
     finish_reason: str  # "eos" | "length" | "stop"
+
+class GenerateKw(TypedDict, total=False):
+    max_tokens: int  # 16
+    temperature: Optional[float]  # greedy unless a temperature, top_k or top_p is given
+    top_k: Optional[int]
+    top_p: Optional[float]
+    seed: int  # 0
+    stop: Optional[List[str]]
+    repetition_penalty: float  # 1.0
+    presence_penalty: float  # 0.0
+    frequency_penalty: float  # 0.0
+    ignore_eos: bool  # False
 
 class Token(TypedDict):
     id: int
@@ -31,34 +44,8 @@ class Model:
     def config(self) -> Dict[str, Union[int, str]]: ...
     def tokenize(self, text: str) -> List[int]: ...
     def detokenize(self, ids: List[int]) -> str: ...
-    def generate(
-        self,
-        prompt: Input,
-        max_tokens: int = 16,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        seed: int = 0,
-        stop: Optional[List[str]] = None,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        ignore_eos: bool = False,
-    ) -> Generated: ...
-    def stream(
-        self,
-        prompt: Input,
-        max_tokens: int = 16,
-        temperature: Optional[float] = None,
-        top_k: Optional[int] = None,
-        top_p: Optional[float] = None,
-        seed: int = 0,
-        stop: Optional[List[str]] = None,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        ignore_eos: bool = False,
-    ) -> Stream: ...
+    def generate(self, prompt: Input, **kw: Unpack[GenerateKw]) -> Generated: ...
+    def stream(self, prompt: Input, **kw: Unpack[GenerateKw]) -> Stream: ...
     def hook_names(self) -> List[str]: ...
     def run_with_cache(
         self, input: Input, names: Optional[List[str]] = None

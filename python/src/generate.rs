@@ -1,11 +1,13 @@
 //! `Model.generate` and `Model.stream`: `kvgpt generate`'s loop (`kvgpt::generate_from`) and its
-//! text (`kvgpt::stop::TextStream`), so the same settings give the same bits as the CLI.
+//! text (`kvgpt::stop::TextStream`), so the same settings give the same bits as the CLI. Both
+//! take the same keywords, parsed once ([`Model::ask`]).
 
 use crate::model::{ids_of, Engine, Model};
 use crate::py_err;
 use kvgpt::stop::TextStream;
 use kvgpt::{FinishReason, GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
-use pyo3::exceptions::PyValueError;
+use pyo3::conversion::FromPyObjectOwned;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -100,56 +102,71 @@ impl Stream {
     }
 }
 
-/// The sampler the CLI's flags make: greedy unless a temperature, top-k or top-p is given (then
-/// temperature 1 unless given), with its ranges checked.
-#[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
-fn sampling(
-    temperature: Option<f32>,
-    top_k: Option<usize>,
-    top_p: Option<f32>,
-    seed: u64,
-    repetition_penalty: f32,
-    presence_penalty: f32,
-    frequency_penalty: f32,
-) -> PyResult<Sampling> {
-    let sampled = temperature.is_some() || top_k.is_some() || top_p.is_some();
-    let s = Sampling {
-        temperature: if sampled { temperature.unwrap_or(1.0) } else { 0.0 },
-        top_k,
-        top_p,
-        seed,
-        repetition_penalty,
-        presence_penalty,
-        frequency_penalty,
-    };
-    s.check().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(s)
+/// The keywords `generate` and `stream` take, with their defaults.
+const KEYWORDS: [&str; 10] = [
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "stop",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "ignore_eos",
+];
+
+/// `kw[key]` (None or missing: `default`), as `T`; a wrong type names the keyword.
+fn kw<'py, T: FromPyObjectOwned<'py>>(kw: Option<&Bound<'py, PyDict>>, key: &str, default: T) -> PyResult<T> {
+    match kw.map(|d| d.get_item(key)).transpose()?.flatten() {
+        Some(v) if !v.is_none() => v.extract::<T>().map_err(|e| {
+            let e: PyErr = e.into();
+            PyTypeError::new_err(format!("{key}: {e}"))
+        }),
+        _ => Ok(default),
+    }
 }
 
 impl Model {
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
-    fn ask(
-        &self,
-        prompt: &Bound<'_, PyAny>,
-        max_tokens: usize,
-        temperature: Option<f32>,
-        top_k: Option<usize>,
-        top_p: Option<f32>,
-        seed: u64,
-        stop: Option<Vec<String>>,
-        penalties: (f32, f32, f32),
-        ignore_eos: bool,
-    ) -> PyResult<Ask> {
+    /// What `generate` and `stream` were asked for: the prompt and the keywords, checked. The
+    /// sampler is the CLI's: greedy unless a temperature, top-k or top-p is given (then
+    /// temperature 1 unless given), with the CLI's ranges.
+    fn ask(&self, prompt: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Ask> {
+        if let Some(d) = kwargs {
+            for k in d.keys() {
+                let k: String = k.extract()?;
+                if !KEYWORDS.contains(&k.as_str()) {
+                    return Err(PyTypeError::new_err(format!(
+                        "unexpected keyword {k:?}; generate and stream take {}",
+                        KEYWORDS.join(", ")
+                    )));
+                }
+            }
+        }
+        let max_tokens: usize = kw(kwargs, "max_tokens", 16)?;
         if max_tokens == 0 {
             return Err(PyValueError::new_err("max_tokens must be at least 1"));
         }
-        let sampling = sampling(temperature, top_k, top_p, seed, penalties.0, penalties.1, penalties.2)?;
+        let (temperature, top_k, top_p): (Option<f32>, Option<usize>, Option<f32>) =
+            (kw(kwargs, "temperature", None)?, kw(kwargs, "top_k", None)?, kw(kwargs, "top_p", None)?);
+        let sampled = temperature.is_some() || top_k.is_some() || top_p.is_some();
+        let sampling = Sampling {
+            temperature: if sampled { temperature.unwrap_or(1.0) } else { 0.0 },
+            top_k,
+            top_p,
+            seed: kw(kwargs, "seed", 0)?,
+            repetition_penalty: kw(kwargs, "repetition_penalty", 1.0)?,
+            presence_penalty: kw(kwargs, "presence_penalty", 0.0)?,
+            frequency_penalty: kw(kwargs, "frequency_penalty", 0.0)?,
+        };
+        sampling.check().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let ids = ids_of(&self.e, prompt)?;
         kvgpt::generate::check_context(self.e.model(), ids.len(), max_tokens).map_err(py_err)?;
-        let stop = stop.unwrap_or_default();
+        let stop: Vec<String> = kw(kwargs, "stop", Vec::new())?;
         if stop.iter().any(String::is_empty) {
             return Err(PyValueError::new_err("a stop sequence is empty: give text, or leave it out"));
         }
+        let ignore_eos: bool = kw(kwargs, "ignore_eos", false)?;
         let opts = GenerateOptions { max_new_tokens: max_tokens, sampling, stop_at_eos: !ignore_eos, use_cache: true };
         Ok(Ask { ids, opts, stop })
     }
@@ -171,55 +188,30 @@ fn spawn(e: Arc<Engine>, ask: Ask) -> Receiver<Msg> {
 
 #[pymethods]
 impl Model {
-    /// Generates after `prompt` (a text or token ids) as `kvgpt generate` does: greedy unless a
-    /// temperature, top-k or top-p is given; `seed` makes sampling reproducible; generation ends
-    /// at the end-of-text token (unless `ignore_eos`), a `stop` sequence (cut before it) or
-    /// `max_tokens`. Returns `{"text", "ids", "prompt_ids", "finish_reason"}`.
-    #[pyo3(signature = (prompt, max_tokens=16, temperature=None, top_k=None, top_p=None, seed=0, stop=None,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, ignore_eos=false))]
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
+    /// Generates after `prompt` (a text or token ids) as `kvgpt generate` does. Keywords:
+    /// `max_tokens` (16), `temperature`, `top_k`, `top_p` (greedy unless one is given), `seed`
+    /// (0), `stop` (sequences the text is cut before), `repetition_penalty`, `presence_penalty`,
+    /// `frequency_penalty`, `ignore_eos`. Generation ends at the end-of-text token (unless
+    /// `ignore_eos`), a stop sequence or `max_tokens`. Returns `{"text", "ids", "prompt_ids",
+    /// "finish_reason"}`.
+    #[pyo3(signature = (prompt, **kwargs))]
     fn generate<'py>(
         &self,
         py: Python<'py>,
         prompt: &Bound<'py, PyAny>,
-        max_tokens: usize,
-        temperature: Option<f32>,
-        top_k: Option<usize>,
-        top_p: Option<f32>,
-        seed: u64,
-        stop: Option<Vec<String>>,
-        repetition_penalty: f32,
-        presence_penalty: f32,
-        frequency_penalty: f32,
-        ignore_eos: bool,
+        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let penalties = (repetition_penalty, presence_penalty, frequency_penalty);
-        let ask = self.ask(prompt, max_tokens, temperature, top_k, top_p, seed, stop, penalties, ignore_eos)?;
+        let ask = self.ask(prompt, kwargs)?;
         let (g, text) = self.e.run(py, |l| run(l, &ask, &mut |_, _| true))?;
         result(py, &g, &text)
     }
 
-    /// As `generate`, token by token: an iterator of `{"id", "text"}`, computed in the model's
-    /// threads while Python reads; its `result` is `generate`'s once it ends.
-    #[pyo3(signature = (prompt, max_tokens=16, temperature=None, top_k=None, top_p=None, seed=0, stop=None,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, ignore_eos=false))]
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one by one
-    fn stream(
-        &self,
-        prompt: &Bound<'_, PyAny>,
-        max_tokens: usize,
-        temperature: Option<f32>,
-        top_k: Option<usize>,
-        top_p: Option<f32>,
-        seed: u64,
-        stop: Option<Vec<String>>,
-        repetition_penalty: f32,
-        presence_penalty: f32,
-        frequency_penalty: f32,
-        ignore_eos: bool,
-    ) -> PyResult<Stream> {
-        let penalties = (repetition_penalty, presence_penalty, frequency_penalty);
-        let ask = self.ask(prompt, max_tokens, temperature, top_k, top_p, seed, stop, penalties, ignore_eos)?;
+    /// As `generate` (the same keywords), token by token: an iterator of `{"id", "text"}`,
+    /// computed in the model's threads while Python reads; its `result` is `generate`'s once it
+    /// ends.
+    #[pyo3(signature = (prompt, **kwargs))]
+    fn stream(&self, prompt: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Stream> {
+        let ask = self.ask(prompt, kwargs)?;
         Ok(Stream { rx: Mutex::new(spawn(self.e.clone(), ask)), result: None })
     }
 }

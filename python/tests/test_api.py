@@ -28,6 +28,12 @@ def test_bad_input_raises_clear_exceptions(model, tmp_path):
         model.detokenize([50257])
     with pytest.raises(ValueError, match="temperature"):
         model.generate("x", temperature=-1.0)
+    with pytest.raises(TypeError, match="unexpected keyword \"max_new_tokens\"; generate and stream take max_tokens"):
+        model.generate("x", max_new_tokens=4)
+    with pytest.raises(TypeError, match="max_tokens"):
+        model.stream("x", max_tokens="four")
+    with pytest.raises(ValueError, match="stop sequence is empty"):
+        model.generate("x", stop=[""])
     with pytest.raises(ValueError, match="step takes one token"):
         model.kv_cache("The cat").step(" sat on")
     with pytest.raises(IndexError, match="layers 0 to 1"):
