@@ -155,8 +155,11 @@ impl Chat {
         }
         self.seq.truncate(keep);
         self.seq.append_prompt(&[&new[keep..], &rest[..]].concat())?;
+        // Every turn's text starts after the opening but the first's, which holds it; every
+        // answer starts after it.
+        let shift = |at: usize| (at as isize + moved) as usize;
         for t in &mut self.turns {
-            *t = ((t.0 as isize + moved) as usize, (t.1 as isize + moved) as usize);
+            *t = (if t.0 < old { t.0 } else { shift(t.0) }, shift(t.1));
         }
         Ok(())
     }

@@ -365,6 +365,10 @@ fn system_text_opens_the_conversation_and_moves_it_when_changed() {
     s.send("/stats\r");
     s.wait_for(&format!("({moved} tokens in the conversation, 0 with K/V cached"));
     s.wait_for("> ");
+    // The shorter opening moved the turn: taking it back takes the whole conversation.
+    s.send("/undo\r");
+    s.wait_for(&format!("(took back the last turn: {moved} tokens; 0 tokens left)"));
+    s.wait_for("> ");
     s.send("/quit\r");
     assert_eq!(s.exit_code(), Some(0));
 }

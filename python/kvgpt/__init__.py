@@ -18,7 +18,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 from . import _kvgpt
 from ._kvgpt import AttentionView, KvCache, Stream, chat_template
 
-__all__ = ["load", "Model", "KvCache", "Stream", "AttentionView", "chat_template"]
+__all__ = ["load", "Model", "KvCache", "Stream", "AttentionView", "chat_template", "create_completion",
+           "create_chat_completion"]
 
 
 def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> "Model":

@@ -23,7 +23,10 @@ class CompletionKw(TypedDict, total=False):
     repeat_penalty: float
     presence_penalty: float
     frequency_penalty: float
+    ignore_eos: bool
 
+# At run time `Model` wraps the native model and hands it every method it does not define itself;
+# for a type checker it has the native model's methods.
 class Model(_kvgpt.Model):
     def __init__(self, native: _kvgpt.Model) -> None: ...
     @overload
@@ -42,3 +45,20 @@ class Model(_kvgpt.Model):
     def create_chat_completion(
         self, messages: List[Dict[str, str]], *, stream: Literal[False] = ..., **kw: Unpack[CompletionKw]
     ) -> Dict[str, Any]: ...
+
+@overload
+def create_completion(
+    model: Model, prompt: Union[str, Sequence[int]], *, stream: Literal[True], **kw: Unpack[CompletionKw]
+) -> Iterator[Dict[str, Any]]: ...
+@overload
+def create_completion(
+    model: Model, prompt: Union[str, Sequence[int]], *, stream: Literal[False] = ..., **kw: Unpack[CompletionKw]
+) -> Dict[str, Any]: ...
+@overload
+def create_chat_completion(
+    model: Model, messages: List[Dict[str, str]], *, stream: Literal[True], **kw: Unpack[CompletionKw]
+) -> Iterator[Dict[str, Any]]: ...
+@overload
+def create_chat_completion(
+    model: Model, messages: List[Dict[str, str]], *, stream: Literal[False] = ..., **kw: Unpack[CompletionKw]
+) -> Dict[str, Any]: ...

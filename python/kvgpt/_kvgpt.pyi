@@ -27,7 +27,7 @@ class GenerateKw(TypedDict, total=False):
     ignore_eos: bool  # False
 
 class Token(TypedDict):
-    id: int
+    id: Optional[int]  # None: text held back to the end, after the last token
     text: str
 
 class Scored(TypedDict):

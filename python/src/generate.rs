@@ -2,15 +2,15 @@
 //! text (`kvgpt::stop::TextStream`), so the same settings give the same bits as the CLI. Both
 //! take the same keywords, parsed once ([`Model::ask`]).
 
+use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
-use crate::py_err;
 use kvgpt::stop::TextStream;
 use kvgpt::{FinishReason, GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 
 /// What a generation was asked for.
@@ -66,6 +66,8 @@ enum Msg {
 pub struct Stream {
     rx: Mutex<Receiver<Msg>>,
     result: Option<Py<PyDict>>,
+    /// The generation raised an error (then there is no result).
+    failed: bool,
 }
 
 #[pymethods]
@@ -75,7 +77,7 @@ impl Stream {
     }
 
     fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
-        if self.result.is_some() {
+        if self.result.is_some() || self.failed {
             return Ok(None);
         }
         let msg = py.detach(|| self.rx.lock().ok().and_then(|rx| rx.recv().ok()));
@@ -90,7 +92,10 @@ impl Stream {
                 self.result = Some(result(py, &g, &text)?.unbind());
                 Ok(None)
             }
-            Some(Msg::End(Err(e))) => Err(py_err(e)),
+            Some(Msg::End(Err(e))) => {
+                self.failed = true; // the next `next()` stops
+                Err(py_err(e))
+            }
             None => Err(pyo3::exceptions::PyRuntimeError::new_err("the generation's thread ended without a result")),
         }
     }
@@ -173,7 +178,9 @@ impl Model {
 }
 
 fn spawn(e: Arc<Engine>, ask: Ask) -> Receiver<Msg> {
-    let (tx, rx) = sync_channel(64);
+    // Unbounded: a stream kept but no longer read must not park one of the model's threads in
+    // a send (the tokens it can hold are at most the context).
+    let (tx, rx) = channel();
     std::thread::spawn(move || {
         let end = e.install(|l| {
             run(l, &ask, &mut |id, t| {
@@ -212,6 +219,6 @@ impl Model {
     #[pyo3(signature = (prompt, **kwargs))]
     fn stream(&self, prompt: &Bound<'_, PyAny>, kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Stream> {
         let ask = self.ask(prompt, kwargs)?;
-        Ok(Stream { rx: Mutex::new(spawn(self.e.clone(), ask)), result: None })
+        Ok(Stream { rx: Mutex::new(spawn(self.e.clone(), ask)), result: None, failed: false })
     }
 }

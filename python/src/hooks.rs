@@ -21,7 +21,7 @@
 //! | `ln_final.hook_normalized` | `[1, T, C]` | `ln_f`'s output |
 
 use crate::model::{ids_of, Model};
-use kvgpt::{KvCache, Point, Scratch, Tap};
+use kvgpt::{Point, Tap};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -126,7 +126,6 @@ impl Model {
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         let cfg = self.e.model().config.clone();
         let ids = ids_of(&self.e, input)?;
-        kvgpt::generate::check_context(self.e.model(), ids.len(), 0).map_err(crate::py_err)?;
         let names = names.unwrap_or_else(|| hook_names(cfg.n_layer));
         let mut hooks = Vec::with_capacity(names.len());
         for n in &names {
@@ -139,14 +138,7 @@ impl Model {
         }
         let wanted: BTreeSet<Point> = hooks.iter().flat_map(points).collect();
         let (t, v) = (ids.len(), cfg.vocab_size);
-        let (logits, taps) = self.e.run(py, |l| {
-            let mut taps = Taps { wanted, got: BTreeMap::new() };
-            let mut cache = KvCache::with_capacity(&cfg, t);
-            let mut scratch = Scratch::new(&cfg, t);
-            let mut logits = vec![0.0f32; t * v];
-            l.model.forward(&ids, &mut cache, &mut scratch, &mut taps, &mut logits)?;
-            Ok((logits, taps))
-        })?;
+        let (logits, taps) = self.e.tapped(py, &ids, Taps { wanted, got: BTreeMap::new() }, t)?;
         let (c, nh, hs) = (cfg.n_embd, cfg.n_head, cfg.head_dim());
         let mut got = taps.got;
         let cache = PyDict::new(py);

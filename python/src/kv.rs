@@ -1,10 +1,11 @@
 //! `Model.kv_cache`: the lesson of the KV cache in code. A prompt is prefilled once; each
 //! `step(token)` computes only that token's Q, K and V and reads the cached history.
 
+use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
 use kvgpt::{KvPart, Scratch};
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::PyIndexError;
+use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -28,18 +29,31 @@ impl KvCache {
         self.s.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Feeds `new` after what the cache holds; the last position's logits are kept.
+    /// Feeds `new` after what the cache holds; the last position's logits are kept. The state
+    /// is locked only once the GIL is released, so a thread reading it while holding the GIL
+    /// cannot wait on a feed that waits for the GIL.
     fn feed(&self, py: Python<'_>, new: &[u32]) -> PyResult<()> {
-        let mut s = self.state();
-        let v = self.e.model().config.vocab_size;
-        let State { cache, scratch, ids, logits } = &mut *s;
-        self.e.run(py, |l| {
-            kvgpt::generate::check_context(&l.model, ids.len() + new.len(), 0)?;
-            let mut out = vec![0.0f32; v];
-            l.model.run(new, cache, scratch, &mut out)?;
-            *logits = out;
-            ids.extend_from_slice(new);
-            Ok(())
+        let cfg = &self.e.model().config;
+        let (n, v) = (cfg.n_positions, cfg.vocab_size);
+        py.detach(|| {
+            let mut s = self.state();
+            if s.ids.len() + new.len() > n {
+                return Err(PyValueError::new_err(format!(
+                    "the cache is full: it holds {} of the model's {n} positions, and {} more do not fit",
+                    s.ids.len(),
+                    new.len()
+                )));
+            }
+            let State { cache, scratch, ids, logits } = &mut *s;
+            self.e
+                .install(|l| {
+                    let mut out = vec![0.0f32; v];
+                    l.model.run(new, cache, scratch, &mut out)?;
+                    *logits = out;
+                    ids.extend_from_slice(new);
+                    Ok(())
+                })
+                .map_err(py_err)
         })
     }
 
@@ -92,12 +106,17 @@ impl KvCache {
     /// Decodes one token (an id, or a text of one token): its Q, K and V are computed, its K and
     /// V appended, and it attends over every cached position. Returns its logits, `[V]`.
     fn step<'py>(&self, py: Python<'py>, token: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let ids = match token.extract::<u32>() {
-            Ok(id) => vec![id],
-            Err(_) => ids_of(&self.e, token)?,
+        let ids = if token.is_instance_of::<pyo3::types::PyInt>() {
+            let vocab = self.e.model().config.vocab_size;
+            match token.extract::<i64>() {
+                Ok(id) if (0..vocab as i64).contains(&id) => vec![id as u32],
+                _ => return Err(PyValueError::new_err(format!("token {token}: ids go from 0 to {}", vocab - 1))),
+            }
+        } else {
+            ids_of(&self.e, token)?
         };
         if ids.len() != 1 {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(PyValueError::new_err(format!(
                 "step takes one token; this is {} ({ids:?}): feed them one at a time",
                 ids.len()
             )));

@@ -3,32 +3,17 @@
 //! tensors reach numpy without a copy where kvgpt already holds them in their shape (recorded
 //! taps, logits), and errors become Python exceptions carrying kvgpt's message.
 
+#![forbid(unsafe_code)]
+
+mod errors;
 mod generate;
 mod hooks;
 mod kv;
 mod model;
 mod view;
 
-use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-
-/// A kvgpt error as the Python exception that fits it: a missing model is `FileNotFoundError`,
-/// a bad argument `ValueError` (a prompt past the context, a token id outside the vocabulary),
-/// anything else `RuntimeError`; each with kvgpt's own message.
-pub(crate) fn py_err(e: kvgpt::Error) -> PyErr {
-    use kvgpt::Error as E;
-    let msg = e.to_string();
-    match e {
-        E::MissingFile { .. } | E::NotAFile { .. } | E::NotCached { .. } | E::NotAModel { .. } => {
-            PyFileNotFoundError::new_err(msg)
-        }
-        E::Io { .. } | E::Write { .. } => PyOSError::new_err(msg),
-        E::ContextOverflow { .. } | E::CacheOverflow { .. } | E::BadTokenId { .. } | E::Invalid(_) => {
-            PyValueError::new_err(msg)
-        }
-        _ => PyRuntimeError::new_err(msg),
-    }
-}
 
 /// The prompt kvgpt's chat template makes of OpenAI-style messages (`{"role", "content"}`;
 /// roles system, developer, user, assistant), as the server's chat endpoint renders them.

@@ -1,7 +1,7 @@
 //! `kvgpt.load` and the `Model` it returns: tokens in and out, and the loss of a text.
 
-use crate::py_err;
-use kvgpt::{Loaded, Locate, WeightType};
+use crate::errors::py_err;
+use kvgpt::{KvCache, Loaded, Locate, Scratch, Tap, WeightType};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -31,6 +31,26 @@ impl Engine {
     pub(crate) fn model(&self) -> &kvgpt::Model {
         &self.loaded.model
     }
+
+    /// One forward pass over `ids` from an empty cache, observed by `tap`: the logits of its last
+    /// `rows` positions (`[rows, V]`), and the tap.
+    pub(crate) fn tapped<T: Tap + Send>(
+        &self,
+        py: Python<'_>,
+        ids: &[u32],
+        mut tap: T,
+        rows: usize,
+    ) -> PyResult<(Vec<f32>, T)> {
+        kvgpt::generate::check_context(self.model(), ids.len(), 0).map_err(py_err)?;
+        self.run(py, |l| {
+            let cfg = &l.model.config;
+            let mut cache = KvCache::with_capacity(cfg, ids.len());
+            let mut scratch = Scratch::new(cfg, ids.len());
+            let mut logits = vec![0.0f32; rows * cfg.vocab_size];
+            l.model.forward(ids, &mut cache, &mut scratch, &mut tap, &mut logits)?;
+            Ok((logits, tap))
+        })
+    }
 }
 
 /// A GPT-2 loaded by kvgpt: immutable, shared by the caches and streams made from it.
@@ -39,10 +59,16 @@ pub struct Model {
     pub(crate) e: Arc<Engine>,
 }
 
-/// The input of most methods: a text, or token ids.
+/// The input of most methods: a text, or token ids (not bytes).
 pub(crate) fn ids_of(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(text) = input.extract::<String>() {
+        if text.is_empty() {
+            return Err(PyValueError::new_err("the text is empty: give at least one character"));
+        }
         return e.loaded.tokenizer.encode(&text).map_err(py_err);
+    }
+    if input.is_instance_of::<pyo3::types::PyBytes>() || input.is_instance_of::<pyo3::types::PyByteArray>() {
+        return Err(PyTypeError::new_err("expected a str or a list of token ids, got bytes: decode it to a str first"));
     }
     match input.extract::<Vec<u32>>() {
         Ok(ids) if !ids.is_empty() => Ok(ids),

@@ -3,7 +3,7 @@
 
 use crate::model::{ids_of, Model};
 use kvgpt::views::attention_html::{html, Viewer};
-use kvgpt::{KvCache, Point, Scratch, Tap};
+use kvgpt::{Point, Tap};
 use pyo3::prelude::*;
 
 /// Records the attention weights of every layer.
@@ -52,15 +52,8 @@ impl Model {
     fn attention_view(&self, py: Python<'_>, input: &Bound<'_, PyAny>) -> PyResult<AttentionView> {
         let cfg = self.e.model().config.clone();
         let ids = ids_of(&self.e, input)?;
-        kvgpt::generate::check_context(self.e.model(), ids.len(), 0).map_err(crate::py_err)?;
         let t = ids.len();
-        let probs = self.e.run(py, |l| {
-            let mut tap = Probs(vec![Vec::new(); cfg.n_layer]);
-            let mut cache = KvCache::with_capacity(&cfg, t);
-            let mut scratch = Scratch::new(&cfg, t);
-            l.model.forward(&ids, &mut cache, &mut scratch, &mut tap, &mut [])?;
-            Ok(tap.0)
-        })?;
+        let (_, Probs(probs)) = self.e.tapped(py, &ids, Probs(vec![Vec::new(); cfg.n_layer]), 0)?;
         let tok = &self.e.loaded.tokenizer;
         let labels: Vec<String> = ids.iter().map(|&i| tok.token_label(i)).collect();
         let (layers, heads): (Vec<usize>, Vec<usize>) = ((0..cfg.n_layer).collect(), (0..cfg.n_head).collect());

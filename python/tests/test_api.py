@@ -38,6 +38,16 @@ def test_bad_input_raises_clear_exceptions(model, tmp_path):
         model.kv_cache("The cat").step(" sat on")
     with pytest.raises(IndexError, match="layers 0 to 1"):
         model.kv_cache("The cat").k(2)
+    with pytest.raises(ValueError, match="the text is empty"):
+        model.kv_cache("")
+    with pytest.raises(TypeError, match="got bytes: decode it to a str first"):
+        model.generate(b"The cat")
+    with pytest.raises(ValueError, match="token -1: ids go from 0 to 50256"):
+        model.kv_cache("The cat").step(-1)
+    full = model.kv_cache(list(range(128)))
+    with pytest.raises(ValueError, match="the cache is full: it holds 128 of the model's 128 positions"):
+        full.step(0)
+    assert full.length == 128
     # Still alive, and right.
     assert model.tokenize("The cat sat on") == [464, 3797, 3332, 319]
 

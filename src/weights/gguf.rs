@@ -1,10 +1,12 @@
-//! GPT-2 GGUF files as llama.cpp's `convert_hf_to_gguf.py` writes them (F32, F16, BF16, Q8_0
-//! tensors; versions 2 and 3): the config and the tokenizer from the metadata, the tensors under
-//! their Hugging Face names and layouts, so the model loads through the same path as safetensors.
+//! GPT-2 GGUF files as llama.cpp writes them (F32, F16, BF16 and the block types Q8_0, Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; versions 2 and 3): the config and the tokenizer from the
+//! metadata, the tensors under their Hugging Face names and layouts, so the model loads through
+//! the same path as safetensors.
 //!
 //! The converter stores each Conv1D weight transposed (`[out, in]` rows, ggml's `ne = [in, out]`);
-//! they are transposed back here. Q8_0 blocks (an f16 scale and 32 int8 values along a row)
-//! are widened to f32 exactly (`d · q`); an F32 GGUF gives the safetensors source's bits.
+//! they are transposed back here, or, for a block type held as it is, streamed as rows of blocks
+//! ([`Gguf::block_rows`]: a row is a column of kvgpt's packed matrix). Widened to f32, a block
+//! type gives ggml's values exactly; an F32 GGUF gives the safetensors source's bits.
 
 mod facts;
 pub use super::gguf_header::Value;
@@ -64,7 +66,7 @@ impl Kind {
             Kind::F16 | Kind::Bf16 => n.checked_mul(2),
             Kind::Blocks(ty) => {
                 let (elems, size) = ty.ggml_block().expect("a block type");
-                n.is_multiple_of(elems).then(|| n / elems * size)
+                n.is_multiple_of(elems).then(|| (n / elems).checked_mul(size)).flatten()
             }
         }
     }
@@ -358,9 +360,6 @@ impl Gguf {
         Ok((data, t.kind.name()))
     }
 
-    /// Streams tensor `hf`'s rows (HF's layout, shape `want`) to `f`, about 1 MiB of the file at
-    /// a time where the rows lie in the file as they are (`wte`, the largest, does), so it never
-    /// sits in memory whole as f32. Returns its stored type's name.
     fn corrupt_tensor(&self, name: &str, reason: String) -> Error {
         Error::CorruptGguf { file: self.file.clone(), reason: format!("tensor `{name}`: {reason}") }
     }
@@ -398,6 +397,9 @@ impl Gguf {
         Ok(())
     }
 
+    /// Streams tensor `hf`'s rows (HF's layout, shape `want`) to `f`, about 1 MiB of the file at
+    /// a time where the rows lie in the file as they are (`wte`, the largest, does), so it never
+    /// sits in memory whole as f32. Returns its stored type's name.
     pub fn tensor_rows(&self, hf: &str, want: &[usize], mut f: impl FnMut(usize, &[f32])) -> Result<&'static str> {
         let (name, transposed, t) = self.checked(hf, want)?;
         let row: usize = want.iter().skip(1).product();

@@ -10,7 +10,8 @@
 //! so a model quantized here holds the same blocks as one `llama-quantize` wrote.
 
 use super::formats::{f16_bits_to_f32, f32_to_f16_bits};
-use super::WeightType;
+use super::quant::{self, scale_of};
+use super::types::WeightType;
 
 /// One sub-block: `len` (32, or 16 for Q6_K) integers, its scale and its minimum.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -144,11 +145,15 @@ pub(crate) fn widen(subs: &[Sub], sub: usize, mins: bool, out: &mut [f32]) {
     }
 }
 
+/// `v` rounded to f16, as ggml stores its scales, and widened back.
+fn half16(v: f32) -> f32 {
+    f16_bits_to_f32(f32_to_f16_bits(v))
+}
+
 /// Quantizes one unit of weights `x` (32 values, or 256 for Q4_K; zero-padded by the caller) of
 /// type `ty` into its sub-blocks, as ggml's reference quantizer for the type does (W8A8: kvgpt's
 /// own, an f32 scale; Q4_K: min and max per sub-block, see DESIGN).
 pub(crate) fn quantize(ty: WeightType, x: &[f32], out: &mut [Sub]) {
-    let half16 = |v: f32| f16_bits_to_f32(f32_to_f16_bits(v));
     // ggml's `(int8_t)(v + off)` with `MIN(top, …)`: truncation toward zero of a positive value.
     let trunc = |v: f32, top: f32| v.trunc().clamp(0.0, top) as i8;
     let amax_signed = |x: &[f32]| {
@@ -165,9 +170,9 @@ pub(crate) fn quantize(ty: WeightType, x: &[f32], out: &mut [Sub]) {
     let o = &mut out[0];
     match ty {
         WeightType::W8A8 => {
-            let s = super::scale_of(x.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+            let s = scale_of(x.iter().fold(0.0f32, |m, v| m.max(v.abs())));
             for (q, &v) in o.q.iter_mut().zip(x) {
-                *q = super::quantize(v, s);
+                *q = quant::quantize(v, s);
             }
             (o.scale, o.min) = (s, 0.0);
         }
@@ -209,7 +214,6 @@ pub(crate) fn quantize(ty: WeightType, x: &[f32], out: &mut [Sub]) {
 /// the values quantized against the scales as stored. (ggml's own quantizer searches for better
 /// scales; this one is simpler and stores the same format.)
 fn quantize_q4k(x: &[f32], out: &mut [Sub]) {
-    let half16 = |v: f32| f16_bits_to_f32(f32_to_f16_bits(v));
     let mut steps = [0.0f32; 8];
     let mut mins = [0.0f32; 8];
     for (j, blk) in x.chunks(32).enumerate() {

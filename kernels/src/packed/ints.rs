@@ -7,8 +7,9 @@
 //! nibbles ([`w4_index`]); 5- and 6-bit values are held in 8 bits.
 
 use super::ggml::{self, Sub};
+use super::layout::Q8_BLOCK;
 use super::layout::{sub_block_index, w4_index, w8_index, w8_value, NR, W8_BLOCK};
-use super::WeightType;
+use super::types::WeightType;
 use crate::aligned::Aligned;
 
 /// How a type's integers are held.
@@ -39,6 +40,22 @@ impl WeightType {
             WeightType::Q5K => s(false, 32, true, ggml::QK_K),
             WeightType::Q6K => s(false, 16, false, ggml::QK_K),
             WeightType::F32 | WeightType::F16 | WeightType::Bf16 | WeightType::Q8 => None,
+        }
+    }
+
+    /// Bytes of a `[K, N]` matrix held as this type, without the panels' padding: what one pass
+    /// over it streams.
+    pub fn unpadded_bytes(self, k: usize, n: usize) -> u64 {
+        let kn = (k * n) as u64;
+        match self {
+            WeightType::F32 => 4 * kn,
+            WeightType::F16 | WeightType::Bf16 => 2 * kn,
+            WeightType::Q8 => kn + 4 * (k * n.div_ceil(Q8_BLOCK)) as u64,
+            ty => {
+                let sh = ty.int_shape().expect("an integer type");
+                let subs = (n * k.div_ceil(sh.sub)) as u64;
+                kn / if sh.four { 2 } else { 1 } + 4 * subs * if sh.mins { 2 } else { 1 }
+            }
         }
     }
 }

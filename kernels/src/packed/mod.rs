@@ -17,6 +17,8 @@ mod formats;
 mod ggml;
 mod ints;
 mod layout;
+mod quant;
+mod types;
 
 pub use formats::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
 pub use ggml::QK_K;
@@ -26,89 +28,10 @@ pub use layout::{NR, Q8_BLOCK, W8_BLOCK};
 pub(crate) use formats::{Bf16s, F16s, F32s, Format, Panels, Q8s};
 pub(crate) use ints::Ints;
 pub(crate) use layout::{panel_index, scale_index, sub_block_index, w4_index, w8_index};
+pub(crate) use quant::{quantize, quantize_by, scale_of};
+pub use types::WeightType;
 
 use crate::aligned::Aligned;
-
-/// How weights are stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WeightType {
-    F32,
-    F16,
-    Bf16,
-    /// int8 weights with one f32 scale per row and block of [`Q8_BLOCK`] columns (symmetric,
-    /// max-abs), widened to f32 and multiplied with f32 activations (weight-only int8).
-    Q8,
-    /// int8 weights with one f32 scale per output column and block of [`W8_BLOCK`] reduction rows,
-    /// multiplied with activations quantized to int8 per token and block: exact integer block
-    /// sums, combined in f32 in block order (integer dot products: VNNI, AVX2's `pmaddubsw`).
-    W8A8,
-    /// llama.cpp's block types, held as their blocks say (see `ggml`) and multiplied as W8A8 is.
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q4K,
-    Q5K,
-    Q6K,
-}
-
-impl WeightType {
-    /// Every type weights can be converted to at load, in the order the CLI lists them (the
-    /// others, Q5_K and Q6_K, are read from GGUF files as they are).
-    pub const ALL: [WeightType; 11] = [
-        WeightType::F32,
-        WeightType::F16,
-        WeightType::Bf16,
-        WeightType::Q8,
-        WeightType::W8A8,
-        WeightType::Q8_0,
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q5_0,
-        WeightType::Q5_1,
-        WeightType::Q4K,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WeightType::F32 => "f32",
-            WeightType::F16 => "f16",
-            WeightType::Bf16 => "bf16",
-            WeightType::Q8 => "q8",
-            WeightType::W8A8 => "w8a8",
-            WeightType::Q8_0 => "q8_0",
-            WeightType::Q4_0 => "q4_0",
-            WeightType::Q4_1 => "q4_1",
-            WeightType::Q5_0 => "q5_0",
-            WeightType::Q5_1 => "q5_1",
-            WeightType::Q4K => "q4_k",
-            WeightType::Q5K => "q5_k",
-            WeightType::Q6K => "q6_k",
-        }
-    }
-
-    /// Whether the activations are quantized too (integer dot products).
-    pub fn is_integer(self) -> bool {
-        self.int_shape().is_some()
-    }
-
-    /// Bytes of a `[K, N]` matrix held as this type, without the panels' padding: what one pass
-    /// over it streams.
-    pub fn unpadded_bytes(self, k: usize, n: usize) -> u64 {
-        let kn = (k * n) as u64;
-        match self {
-            WeightType::F32 => 4 * kn,
-            WeightType::F16 | WeightType::Bf16 => 2 * kn,
-            WeightType::Q8 => kn + 4 * (k * n.div_ceil(Q8_BLOCK)) as u64,
-            ty => {
-                let sh = ty.int_shape().expect("an integer type");
-                let subs = (n * k.div_ceil(sh.sub)) as u64;
-                kn / if sh.four { 2 } else { 1 } + 4 * subs * if sh.mins { 2 } else { 1 }
-            }
-        }
-    }
-}
 
 /// Stored weights.
 pub(crate) enum Storage {
@@ -139,42 +62,6 @@ impl Storage {
             Storage::Ints(w) => w.bytes(),
         }
     }
-}
-
-/// `x · (1/s)` rounded half to even and clamped to ±127 (0 when `s` is 0): the one int8
-/// quantizer, for W8A8 weights and activations alike. (A product by the reciprocal, as
-/// llama.cpp's, rather than a division per element.)
-#[inline(always)]
-pub(crate) fn quantize(x: f32, s: f32) -> i8 {
-    if s == 0.0 {
-        0
-    } else {
-        quantize_by(x, 1.0 / s)
-    }
-}
-
-/// [`quantize`] given `inv = 1/s` for a nonzero `s`, in integer steps that vectorize:
-/// `x · inv + 1.5·2²³` rounds to an integer half to even, which then sits in the low mantissa bits.
-#[inline(always)]
-pub(crate) fn quantize_by(x: f32, inv: f32) -> i8 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
-    let q = x * inv;
-    let y = q + MAGIC;
-    // |q| < 2^22 keeps y in [2^23, 2^24), where one ulp is 1; beyond that the clamp holds.
-    let v = if (MAGIC * 0.5..MAGIC * 2.0).contains(&y) {
-        y.to_bits() as i32 - MAGIC.to_bits() as i32
-    } else if q > 0.0 {
-        127
-    } else {
-        -127
-    };
-    v.clamp(-127, 127) as i8
-}
-
-/// The symmetric scale of values whose largest magnitude is `amax`.
-#[inline(always)]
-pub(crate) fn scale_of(amax: f32) -> f32 {
-    amax / 127.0
 }
 
 /// A `[K, N]` weight matrix in panels.

@@ -81,7 +81,10 @@ impl Input {
                         return Ok(Line::Text(text));
                     }
                 },
-                Err(ReadlineError::Interrupted) => return Ok(Line::Interrupted),
+                // Ctrl-C on an empty line: on a first line it ends the session; after a `\` it
+                // drops what was typed, as on a line of text.
+                Err(ReadlineError::Interrupted) if text.is_empty() => return Ok(Line::Interrupted),
+                Err(ReadlineError::Interrupted) => return Ok(Line::Text(String::new())),
                 Err(ReadlineError::Eof) if text.is_empty() => return Ok(Line::End),
                 // Ctrl-D after a `\`: what was typed is the input.
                 Err(ReadlineError::Eof) => {
@@ -93,15 +96,21 @@ impl Input {
         }
     }
 
+    /// Keeps `text` in the history, and in its file; a file that cannot be written is said once
+    /// and the session goes on without it.
     fn remember(&mut self, text: &str) -> Result<()> {
         if text.trim().is_empty() {
             return Ok(());
         }
         self.editor.add_history_entry(text).context("could not keep the line in the history")?;
         if let Some(path) = &self.history {
-            self.editor
-                .append_history(path)
-                .with_context(|| format!("could not write the chat history {}", path.display()))?;
+            if let Err(e) = self.editor.append_history(path) {
+                errln!(
+                    "warning: could not write the chat history {} ({e}); this session keeps none on disk",
+                    path.display()
+                );
+                self.history = None;
+            }
         }
         Ok(())
     }

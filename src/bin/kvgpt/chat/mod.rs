@@ -162,14 +162,16 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                 continue;
             }
             ("/system", text) => {
-                system = Some(text.to_string());
+                let wanted = Some(text.to_string());
                 if chat.ids().is_empty() {
+                    system = wanted;
                     opening = opening_of(&system);
                     outln!("(the system text opens the conversation from the next turn)");
                 } else {
-                    let new = tok.encode(&opening_of(&system))?;
+                    let new = tok.encode(&opening_of(&wanted))?;
                     match chat.replace_opening(opening_len, &new) {
                         Ok(()) => {
+                            system = wanted;
                             let moved = chat.ids().len() - chat.cached();
                             opening_len = new.len();
                             outln!(
@@ -209,7 +211,9 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             ("/load", file) => {
                 match chat.load(model, &PathBuf::from(file)) {
                     Ok(len) => {
-                        (opening, opening_len) = (String::new(), 0);
+                        // The loaded conversation has an opening of its own, if any: a /system
+                        // from here goes before it.
+                        (opening, opening_len, system) = (String::new(), 0, None);
                         line_open = !tok.decode(chat.ids()).ends_with('\n');
                         outln!("(loaded {len} tokens and their K/V from {file}; the conversation goes on from there)");
                     }

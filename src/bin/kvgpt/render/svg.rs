@@ -6,7 +6,6 @@
 use super::grid::{axis_label, hex, shade, truncate, xml_escape, Grid, Tick, MASKED};
 use std::fmt::Write as _;
 
-/// The colour of a masked cell (a key after its query): grey, never on the scale.
 /// The colour of the dashed line above the rows decoded with the KV cache on: black, which is
 /// neither on the scale nor a head's colour in the HTML viewer.
 pub const DIVIDER: &str = "#000000";

@@ -1,0 +1,38 @@
+//! The one int8 quantizer, for W8A8's weights and every integer type's activations. Imports
+//! nothing.
+
+/// `x · (1/s)` rounded half to even and clamped to ±127 (0 when `s` is 0): the one int8
+/// quantizer, for W8A8 weights and activations alike. (A product by the reciprocal, as
+/// llama.cpp's, rather than a division per element.)
+#[inline(always)]
+pub(crate) fn quantize(x: f32, s: f32) -> i8 {
+    if s == 0.0 {
+        0
+    } else {
+        quantize_by(x, 1.0 / s)
+    }
+}
+
+/// [`quantize`] given `inv = 1/s` for a nonzero `s`, in integer steps that vectorize:
+/// `x · inv + 1.5·2²³` rounds to an integer half to even, which then sits in the low mantissa bits.
+#[inline(always)]
+pub(crate) fn quantize_by(x: f32, inv: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23
+    let q = x * inv;
+    let y = q + MAGIC;
+    // |q| < 2^22 keeps y in [2^23, 2^24), where one ulp is 1; beyond that the clamp holds.
+    let v = if (MAGIC * 0.5..MAGIC * 2.0).contains(&y) {
+        y.to_bits() as i32 - MAGIC.to_bits() as i32
+    } else if q > 0.0 {
+        127
+    } else {
+        -127
+    };
+    v.clamp(-127, 127) as i8
+}
+
+/// The symmetric scale of values whose largest magnitude is `amax`.
+#[inline(always)]
+pub(crate) fn scale_of(amax: f32) -> f32 {
+    amax / 127.0
+}

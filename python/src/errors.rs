@@ -1,0 +1,22 @@
+//! kvgpt's errors as Python exceptions.
+
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::PyErr;
+
+/// A kvgpt error as the Python exception that fits it: a missing model is `FileNotFoundError`,
+/// a bad argument `ValueError` (a prompt past the context, a token id outside the vocabulary),
+/// anything else `RuntimeError`; each with kvgpt's own message.
+pub(crate) fn py_err(e: kvgpt::Error) -> PyErr {
+    use kvgpt::Error as E;
+    let msg = e.to_string();
+    match e {
+        E::MissingFile { .. } | E::NotAFile { .. } | E::NotCached { .. } | E::NotAModel { .. } => {
+            PyFileNotFoundError::new_err(msg)
+        }
+        E::Io { .. } | E::Write { .. } => PyOSError::new_err(msg),
+        E::ContextOverflow { .. } | E::CacheOverflow { .. } | E::BadTokenId { .. } | E::Invalid(_) => {
+            PyValueError::new_err(msg)
+        }
+        _ => PyRuntimeError::new_err(msg),
+    }
+}
