@@ -14,10 +14,6 @@ use std::sync::Arc;
 
 const TOL: f32 = 1e-4;
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|f| f.to_bits()).collect()
-}
-
 /// A prompt with what HF says of it: its greedy ids, and the logits of its last position.
 struct Case {
     ids: Vec<u32>,

@@ -5,18 +5,6 @@ mod common;
 
 use common::views::kvgpt;
 use common::*;
-use std::process::Output;
-
-/// The output of a run that must succeed: (stdout, stderr).
-fn ok(out: &Output) -> (String, String) {
-    let (o, e) = (String::from_utf8(out.stdout.clone()).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "kvgpt failed: {e}");
-    (o, e)
-}
-
-fn model() -> String {
-    fixture_dir().to_string_lossy().into_owned()
-}
 
 #[test]
 fn bench_defaults_fit_the_model_and_logs_get_no_carriage_returns() {
@@ -98,6 +86,10 @@ fn zero_skips_a_test_and_depths_are_named_as_llama_bench_names_them() {
     // -n 0: prefill rows only; -p 0: decode rows only (from the start of the context).
     assert_eq!(rows_of(&["-p", "8,16", "-n", "0"]), own(&[("pp8", 8, 0), ("pp16", 16, 0)]));
     assert_eq!(rows_of(&["-p", "0", "-n", "4"]), own(&[("tg4", 0, 0)]));
+    // -p 0 alone: the default -n clipped to what follows the one token a decode row starts from.
+    assert_eq!(rows_of(&["-p", "0"]), own(&[("tg127", 0, 0)]));
+    // -d alone: the default prompts that fit after the depth.
+    assert_eq!(rows_of(&["-d", "100", "-n", "4"]), own(&[("pp4 @ d100", 4, 100), ("tg4 @ d100", 100, 100)]));
     // -d: every prefill row after each depth, the decode rows at each depth, named `@ dN`.
     assert_eq!(
         rows_of(&["-p", "16", "-n", "4", "-d", "0,32"]),

@@ -10,10 +10,6 @@ use common::views::{kvgpt, stdout};
 use common::*;
 use serde_json::Value;
 
-fn model() -> String {
-    fixture_dir().to_string_lossy().into_owned()
-}
-
 fn json_of(args: &[&str]) -> Value {
     serde_json::from_str(&stdout(args)).unwrap()
 }

@@ -372,3 +372,33 @@ fn system_text_opens_the_conversation_and_moves_it_when_changed() {
     s.send("/quit\r");
     assert_eq!(s.exit_code(), Some(0));
 }
+
+#[test]
+fn a_history_that_cannot_be_kept_is_said_and_the_chat_goes_on() {
+    // The history's folder would have to be made inside a regular file.
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a folder").unwrap();
+    let h = file.join("kvgpt/history").to_string_lossy().into_owned();
+    let mut s = Session::start(&["--model", &m, "-n", "4", "--history", &h]);
+    s.wait_for("warning: could not make ");
+    s.wait_for("this session keeps no history");
+    s.wait_for("> ");
+    s.send("Hi\r");
+    let text = s.wait_for("ended: ");
+    assert_eq!(stats(&text), (0, tokens("User: Hi\nAssistant:")), "{text}");
+    s.wait_for("> ");
+    // Nor does a /save onto one of the model's files end it: refused, the file untouched.
+    let config = fixture_dir().join("config.json");
+    let before = std::fs::read(&config).unwrap();
+    s.send(&format!("/save {}\r", config.display()));
+    s.wait_for("is one of this command's inputs");
+    s.wait_for("> ");
+    s.send("/stats\r");
+    s.wait_for("positions left)");
+    s.send("/quit\r");
+    assert_eq!(s.exit_code(), Some(0));
+    assert_eq!(std::fs::read(&config).unwrap(), before);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
+}

@@ -8,10 +8,6 @@ use common::*;
 use kvgpt::{Model, WeightType};
 use std::process::Command;
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|f| f.to_bits()).collect()
-}
-
 fn load(path: &std::path::Path, ty: WeightType) -> kvgpt::Loaded {
     let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
     kvgpt::load_as(&files, ty).unwrap()
@@ -49,19 +45,7 @@ fn f16_gguf_is_the_source_held_as_f16() {
 fn q8_0_gguf_tracks_hf() {
     let g = load(&gguf_fixture("q8_0"), WeightType::F32);
     let reference = Reference::load();
-    let v = g.model.config.vocab_size;
-    let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
-    for p in reference.prompts() {
-        if let Some((_, want)) = reference.tensor(&format!("{}.logits", p.key)) {
-            let got = all_logits(&g.model, &p.ids);
-            worst = worst.max(max_abs_diff(&got, &want));
-            for r in 0..p.ids.len() {
-                let (a, b) = (&got[r * v..(r + 1) * v], &want[r * v..(r + 1) * v]);
-                agree += usize::from(kvgpt::sampler::argmax(a) == kvgpt::sampler::argmax(b));
-                n += 1;
-            }
-        }
-    }
+    let (worst, agree, n) = against_hf(&g.model, &reference);
     println!("q8_0 GGUF: max |Δlogit| {worst:.3} against HF, top-1 agreement {agree}/{n}");
     assert!(worst < 0.5 && agree * 10 >= n * 9, "{worst} {agree}/{n}");
 }

@@ -18,10 +18,6 @@ const TYPES: [(&str, WeightType); 5] = [
     ("q5_1", WeightType::Q5_1),
 ];
 
-fn bits(x: &[f32]) -> Vec<u32> {
-    x.iter().map(|f| f.to_bits()).collect()
-}
-
 fn load(path: &std::path::Path, ty: Option<WeightType>) -> Model {
     let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
     kvgpt::load_holding(&files, ty).unwrap().model
@@ -45,7 +41,6 @@ fn llama_cpp_blocks_are_what_dtype_makes_of_the_source() {
 #[test]
 fn the_weights_held_are_the_files_and_track_hf() {
     let reference = Reference::load();
-    let v = 50257;
     for (name, _) in TYPES {
         let stored = load(&gguf_fixture(name), None);
         // The same file widened to f32 (ggml's dequantization): the held weights are those values.
@@ -58,20 +53,8 @@ fn the_weights_held_are_the_files_and_track_hf() {
         // Held 4-bit types take under a fifth of f32's bytes, 5- and 8-bit ones under a third.
         let ratio = widened.weight_bytes() as f64 / stored.weight_bytes() as f64;
         assert!(ratio > if name.starts_with("q4") { 5.0 } else { 3.0 }, "{name}: {ratio}");
-        let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
-        let mut worst_w = 0.0f32;
-        for p in reference.prompts() {
-            if let Some((_, want)) = reference.tensor(&format!("{}.logits", p.key)) {
-                let got = all_logits(&stored, &p.ids);
-                worst_w = worst_w.max(max_abs_diff(&all_logits(&widened, &p.ids), &want));
-                worst = worst.max(max_abs_diff(&got, &want));
-                for r in 0..p.ids.len() {
-                    let (x, y) = (&got[r * v..(r + 1) * v], &want[r * v..(r + 1) * v]);
-                    agree += usize::from(kvgpt::sampler::argmax(x) == kvgpt::sampler::argmax(y));
-                    n += 1;
-                }
-            }
-        }
+        let (worst, agree, n) = against_hf(&stored, &reference);
+        let (worst_w, _, _) = against_hf(&widened, &reference);
         println!("{name} GGUF held as {name}: max |Δlogit| {worst:.3} against HF (widened to f32: {worst_w:.3}), top-1 agreement {agree}/{n}");
         // The 4- and 5-bit formats move this tiny random model's logits by themselves (the widened
         // weights with f32 activations do as much); the int8 activations add little to that.

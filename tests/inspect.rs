@@ -22,10 +22,6 @@ fn json_of(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn model() -> String {
-    fixture_dir().display().to_string()
-}
-
 fn floats(v: &Value) -> Vec<f32> {
     fn walk(v: &Value, out: &mut Vec<f32>) {
         match v {

@@ -17,10 +17,6 @@ fn kvgpt(args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn model() -> String {
-    fixture_dir().display().to_string()
-}
-
 #[track_caller]
 fn fails_with(out: &Output, code: i32, parts: &[&str]) {
     let err = String::from_utf8_lossy(&out.stderr);

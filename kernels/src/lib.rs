@@ -43,6 +43,6 @@ pub use isa::{cpu_features, Isa};
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, widen_blocks, PackedMatrix, WeightType, NR,
-    Q8_BLOCK, QK_K, W8_BLOCK,
+    Q8_BLOCK, W8_BLOCK,
 };
 pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};

@@ -16,6 +16,18 @@ pub fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-gpt2")
 }
 
+/// The fixture folder as a `--model` argument.
+pub fn model() -> String {
+    fixture_dir().display().to_string()
+}
+
+/// The output of a `kvgpt` run that must succeed: (stdout, stderr).
+pub fn ok(out: &std::process::Output) -> (String, String) {
+    let (o, e) = (String::from_utf8(out.stdout.clone()).unwrap(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "kvgpt failed: {e}");
+    (o, e)
+}
+
 pub fn load_fixture() -> Loaded {
     kvgpt::load(&hub::local_folder(&fixture_dir()).expect("fixture folder")).expect("fixture loads")
 }
@@ -104,6 +116,29 @@ pub fn all_logits(model: &kvgpt::Model, ids: &[u32]) -> Vec<f32> {
     let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
     model.forward(ids, &mut cache, &mut scratch, &mut kvgpt::NoTap, &mut logits).unwrap();
     logits
+}
+
+/// The bit patterns of `x`, for assertions of bit equality.
+pub fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|f| f.to_bits()).collect()
+}
+
+/// `model` against every Hugging Face logits tensor the reference ships: the largest |Δlogit|,
+/// and how many positions' argmax agree out of how many.
+pub fn against_hf(model: &kvgpt::Model, reference: &Reference) -> (f32, usize, usize) {
+    let v = model.config.vocab_size;
+    let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
+    for p in reference.prompts() {
+        if let Some((_, want)) = reference.tensor(&format!("{}.logits", p.key)) {
+            let got = all_logits(model, &p.ids);
+            worst = worst.max(max_abs_diff(&got, &want));
+            for (x, y) in got.chunks_exact(v).zip(want.chunks_exact(v)) {
+                agree += usize::from(kvgpt::sampler::argmax(x) == kvgpt::sampler::argmax(y));
+                n += 1;
+            }
+        }
+    }
+    (worst, agree, n)
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -26,7 +26,7 @@ impl Sub {
 }
 
 /// Elements per ggml super-block (the k-quants).
-pub const QK_K: usize = 256;
+pub(crate) const QK_K: usize = 256;
 
 impl WeightType {
     /// A ggml block type's elements and bytes per block; None for the others.
@@ -67,11 +67,6 @@ pub(crate) fn decode(ty: WeightType, b: &[u8], out: &mut [Sub]) -> Result<(), St
             let d = f16_at(b, 0);
             let o = &mut out[0];
             for (q, &x) in o.q.iter_mut().zip(&b[2..34]) {
-                if x == 0x80 {
-                    return Err(
-                        "a Q8_0 block holds -128, which no ggml quantizer writes (it rounds within ±127)".into()
-                    );
-                }
                 *q = x as i8;
             }
             (o.scale, o.min) = (d, 0.0);
@@ -233,7 +228,6 @@ fn quantize_q4k(x: &[f32], out: &mut [Sub]) {
     }
 }
 
-/// Sub-blocks of a unit, zeroed.
-pub(crate) fn zeroed(n: usize) -> Vec<Sub> {
-    vec![Sub::ZERO; n]
-}
+/// Room for a unit's sub-blocks (at most 256 / 16), on the stack: loading quantizes and decodes
+/// millions of units.
+pub(crate) const NO_SUBS: [Sub; QK_K / 16] = [Sub::ZERO; QK_K / 16];

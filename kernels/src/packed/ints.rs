@@ -173,11 +173,11 @@ impl Ints {
 
     /// Quantizes column `c`'s rows `u0..u0 + len` (`w(ii)` for `ii < len`), one unit, zero-padded.
     fn quantize_unit(&mut self, c: usize, u0: usize, len: usize, w: impl Fn(usize) -> f32) {
-        let mut x = vec![0.0f32; self.unit];
+        let (mut x, mut subs) = ([0.0f32; ggml::QK_K], ggml::NO_SUBS);
+        let (x, subs) = (&mut x[..self.unit], &mut subs[..self.unit / self.sub]);
         x[..len].iter_mut().enumerate().for_each(|(ii, v)| *v = w(ii));
-        let mut subs = ggml::zeroed(self.unit / self.sub);
-        ggml::quantize(self.ty, &x, &mut subs);
-        self.store(c, u0 / self.sub, &subs);
+        ggml::quantize(self.ty, x, subs);
+        self.store(c, u0 / self.sub, subs);
     }
 
     /// Row `i` of `k` (`n` values), rows in order: staged until a unit is whole, then quantized.
@@ -209,10 +209,20 @@ impl Ints {
         if !k.is_multiple_of(elems) || raw.len() != k / elems * bytes {
             return Err(format!("{} bytes of {} blocks for a row of {k}", raw.len(), self.ty.name()));
         }
-        let mut subs = ggml::zeroed(elems / self.sub);
+        let mut subs = ggml::NO_SUBS;
+        let subs = &mut subs[..elems / self.sub];
         for (b, blk) in raw.chunks_exact(bytes).enumerate() {
-            ggml::decode(self.ty, blk, &mut subs)?;
-            self.store(c, b * elems / self.sub, &subs);
+            ggml::decode(self.ty, blk, subs)?;
+            // Held, the integers meet AVX2's sign trick, which cannot negate -128; widened to
+            // f32 (`widen_blocks`) they are fine.
+            if subs.iter().any(|s| s.q.contains(&i8::MIN)) {
+                return Err(format!(
+                    "a {} block holds -128, which no ggml quantizer writes (it rounds within ±127); \
+                     --dtype f32 holds this file widened",
+                    self.ty.name()
+                ));
+            }
+            self.store(c, b * elems / self.sub, subs);
         }
         Ok(())
     }
@@ -225,10 +235,11 @@ pub fn widen_blocks(ty: WeightType, raw: &[u8], out: &mut [f32]) -> Result<(), S
     if !raw.len().is_multiple_of(bytes) || out.len() != raw.len() / bytes * elems {
         return Err(format!("{} bytes of {} blocks for {} weights", raw.len(), ty.name(), out.len()));
     }
-    let mut subs = ggml::zeroed(elems / sh.sub);
+    let mut subs = ggml::NO_SUBS;
+    let subs = &mut subs[..elems / sh.sub];
     for (blk, o) in raw.chunks_exact(bytes).zip(out.chunks_mut(elems)) {
-        ggml::decode(ty, blk, &mut subs)?;
-        ggml::widen(&subs, sh.sub, sh.mins, o);
+        ggml::decode(ty, blk, subs)?;
+        ggml::widen(subs, sh.sub, sh.mins, o);
     }
     Ok(())
 }

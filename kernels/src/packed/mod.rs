@@ -21,7 +21,6 @@ mod quant;
 mod types;
 
 pub use formats::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
-pub use ggml::QK_K;
 pub use ints::widen_blocks;
 pub use layout::{NR, Q8_BLOCK, W8_BLOCK};
 

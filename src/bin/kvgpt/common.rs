@@ -151,9 +151,11 @@ impl ModelArgs {
 pub fn load(m: &ModelArgs) -> Result<Loaded> {
     let isa = chosen_isa(m)?;
     let files = locate(m)?;
-    if let (Some(ty), Some(stored)) = (m.weight_type(), kvgpt::weights::gguf_main_type(&files.weights)) {
-        if ty != stored {
-            eprintln!("{}", conversion_note(&files.weights, stored, ty));
+    // Said before the conversion starts; the header is read again only when --dtype is given.
+    if let Some(ty) = m.weight_type() {
+        match kvgpt::weights::gguf_main_type(&files.weights) {
+            Some(stored) if stored != ty => errln!("{}", conversion_note(&files.weights, stored, ty)),
+            _ => {}
         }
     }
     let mut loaded = kvgpt::load_holding(&files, m.weight_type())?;

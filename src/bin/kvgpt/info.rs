@@ -24,7 +24,7 @@ pub fn run(a: &InfoArgs) -> Result<Outcome> {
     }
     let c = &info.config;
     // The type the weights would be held as: --dtype's, else the GGUF's own, else f32.
-    let stored = kvgpt::weights::gguf_main_type(std::path::Path::new(&info.files.weights));
+    let stored = info.gguf.as_ref().and_then(|g| g.main_type);
     let (chosen, why) = match (a.model.weight_type(), stored) {
         (Some(ty), _) => (ty, "(--dtype)"),
         (None, Some(ty)) => (ty, "(as the file stores it; the default)"),

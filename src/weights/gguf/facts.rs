@@ -16,6 +16,10 @@ pub struct GgufFacts {
     /// The keys that describe the model and its tokenizer, with their values as text (a list as
     /// its length).
     pub metadata: Vec<(String, String)>,
+    /// The type most matrices are stored as (`Gguf::main_type`): what the file is held as
+    /// unless `--dtype` says otherwise.
+    #[serde(skip)]
+    pub main_type: Option<kvgpt_kernels::WeightType>,
 }
 
 /// `general.file_type` with llama.cpp's name for it (its `llama_ftype`).
@@ -93,6 +97,7 @@ impl Gguf {
             tensor_types,
             metadata_keys: self.meta.len(),
             metadata,
+            main_type: self.main_type(),
         }
     }
 }

@@ -67,10 +67,14 @@ const DEFAULT_GEN: usize = 128;
 /// against the model's `np` positions; or the defaults, clipped to fit with a note saying so.
 fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
     let (p, n, d) = (a.prompts.clone(), a.gens.clone(), a.depths.clone().unwrap_or_default());
-    let prompts = p.clone().unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| x < np).collect());
-    // The decode rows' contexts: the depths if given, else the prompt lengths.
+    let deepest = d.iter().copied().max().unwrap_or(0);
+    let prompts = p
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PROMPTS.iter().copied().filter(|&x| deepest.saturating_add(x) < np).collect());
+    // The decode rows' contexts: the depths if given, else the prompt lengths; a context of 0
+    // decodes after one token.
     let (contexts, flag) = if d.is_empty() { (&prompts, "-p") } else { (&d, "-d") };
-    let longest = contexts.iter().copied().max().unwrap_or(0);
+    let longest = contexts.iter().copied().max().unwrap_or(0).max(1);
     let gens = n.clone().unwrap_or_else(|| vec![DEFAULT_GEN.min(np.saturating_sub(longest))]);
     if prompts.iter().all(|&x| x == 0) && gens.iter().all(|&x| x == 0) {
         bail!("-p 0 and -n 0 leave nothing to run: give a prompt length (-p) or a generation length (-n)");

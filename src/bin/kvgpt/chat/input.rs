@@ -41,25 +41,18 @@ pub fn default_history() -> Option<PathBuf> {
 }
 
 impl Input {
-    /// An editor with the history of `history` (a missing file starts one).
+    /// An editor with the history of `history` (a missing file starts one); a history that
+    /// cannot be read is said, and the session goes on without one.
     pub fn open(history: Option<PathBuf>) -> Result<Input> {
         let mut editor = rustyline::DefaultEditor::new().context("could not set up the line editor")?;
         editor.bind_sequence(KeyEvent::ctrl('C'), EventHandler::Conditional(Box::new(ClearOrInterrupt)));
-        if let Some(path) = &history {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("could not make {} for the chat history", dir.display()))?;
+        let history = history.filter(|path| match load(&mut editor, path) {
+            Ok(()) => true,
+            Err(e) => {
+                errln!("warning: {e:#}; this session keeps no history (--no-history says so quietly)");
+                false
             }
-            match editor.load_history(path) {
-                Ok(()) => {}
-                Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(e).with_context(|| {
-                        format!("could not read the chat history {} (--no-history goes without)", path.display())
-                    })
-                }
-            }
-        }
+        });
         Ok(Input { editor, history })
     }
 
@@ -113,5 +106,18 @@ impl Input {
             }
         }
         Ok(())
+    }
+}
+
+/// Reads the history file at `path` into the editor, making its folder first; a missing file is
+/// an empty history.
+fn load(editor: &mut rustyline::DefaultEditor, path: &Path) -> Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("could not make {} for the chat history", dir.display()))?;
+    }
+    match editor.load_history(path) {
+        Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r.with_context(|| format!("could not read the chat history {}", path.display())),
     }
 }

@@ -82,11 +82,11 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         draft: drafting.as_ref().map(|d| d.name.as_str()),
         max_new: a.max_new_tokens as usize,
     };
-    // The opening (system text and a blank line) goes before the first turn; `opening_len` is
-    // how many ids of the conversation it is once it has been.
+    // The opening (system text and a blank line) goes before the first turn of an empty
+    // conversation; `opening_len` is how many ids of the conversation it is once it has been.
     let opening_of = |s: &Option<String>| s.as_ref().map(|s| format!("{s}\n\n")).unwrap_or_default();
     let mut system = a.system.clone();
-    let (mut opening, mut opening_len) = (opening_of(&system), 0usize);
+    let mut opening_len = 0usize;
     let mut line_open = false; // the last answer did not end its line
     errln!(
         "kvgpt chat: {} ({} positions of context, {}), {}. {HELP}",
@@ -122,17 +122,17 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             }
             ("/reset", _) => {
                 chat.reset()?;
-                (opening, opening_len, line_open) = (opening_of(&system), 0, false);
+                (opening_len, line_open) = (0, false);
                 outln!("(the conversation and its cache are cleared)");
                 continue;
             }
             ("/undo", _) => {
                 match chat.undo() {
                     Some(removed) => {
-                        if chat.ids().len() <= opening_len {
-                            // Back to the start: the opening goes before the next turn again.
-                            chat.reset()?;
-                            (opening, opening_len) = (opening_of(&system), 0);
+                        if chat.ids().is_empty() {
+                            // Back to the start (the first turn holds the opening): the opening
+                            // goes before the next turn again.
+                            opening_len = 0;
                         }
                         line_open = !chat.ids().is_empty() && !tok.decode(chat.ids()).ends_with('\n');
                         outln!(
@@ -165,7 +165,6 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                 let wanted = Some(text.to_string());
                 if chat.ids().is_empty() {
                     system = wanted;
-                    opening = opening_of(&system);
                     outln!("(the system text opens the conversation from the next turn)");
                 } else {
                     let new = tok.encode(&opening_of(&wanted))?;
@@ -201,8 +200,9 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
             }
             ("/save", file) => {
                 let path = PathBuf::from(file);
-                crate::common::refuse_input_path(&path, &loaded.files, None)?;
-                match chat.save(model, &path) {
+                match crate::common::refuse_input_path(&path, &loaded.files, None)
+                    .and_then(|()| Ok(chat.save(model, &path)?))
+                {
                     Ok(()) => outln!("(saved {} tokens and their K/V to {file})", chat.ids().len()),
                     Err(e) => errln!("error: {e}"),
                 }
@@ -213,7 +213,7 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                     Ok(len) => {
                         // The loaded conversation has an opening of its own, if any: a /system
                         // from here goes before it.
-                        (opening, opening_len, system) = (String::new(), 0, None);
+                        (opening_len, system) = (0, None);
                         line_open = !tok.decode(chat.ids()).ends_with('\n');
                         outln!("(loaded {len} tokens and their K/V from {file}; the conversation goes on from there)");
                     }
@@ -230,7 +230,8 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         }
         // The opening and the turn are tokenized each on its own, so the opening's ids stay the
         // same whatever follows (what /system replaces).
-        let opening_ids = tok.encode(&opening)?;
+        let first = chat.ids().is_empty();
+        let opening_ids = if first { tok.encode(&opening_of(&system))? } else { Vec::new() };
         let text = format!("{}User: {line}\nAssistant:", if line_open { "\n" } else { "" });
         let new = [opening_ids.clone(), tok.encode(&text)?].concat();
         if new.len() + 1 > chat.room(model) {
@@ -252,9 +253,8 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                 }
             }
         }
-        if !opening.is_empty() {
+        if first {
             opening_len = opening_ids.len();
-            opening.clear();
         }
         let room = chat.room(model) - new.len();
         line_open = !answering.stream(&mut chat, |c, max, f| c.turn(model, &new, max, f), room)?;
