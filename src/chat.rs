@@ -18,6 +18,9 @@ use std::time::{Duration, Instant};
 /// Where a chat answer ends even without a stop of the client's: the next turn's label.
 pub const CHAT_STOP: &str = "\nUser:";
 
+/// The message roles [`template`] takes.
+pub const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+
 /// GPT-2 has no chat template of its own; this plain one (the server's, documented in README.md)
 /// takes `(role, content)` messages: system (or developer) messages first, as paragraphs; then
 /// `User: …` and `Assistant: …` lines; then `Assistant:` for the answer. Other roles are left out.

@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::Sampling;
 use crate::sequence::Sequence;
+use crate::stop::TextStream;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Debug)]
@@ -182,4 +183,36 @@ pub fn generate_from(
         finish_reason: finish,
         timings,
     })
+}
+
+/// A generated token and its logits (None: the text held back to the end).
+pub type Generated<'a> = Option<(u32, &'a [f32])>;
+
+/// [`generate_from`] with the text a reader sees: each token's piece of text from `stream`
+/// (held back while it could still become a stop sequence or a character; cut at a stop
+/// sequence, which ends the generation) is handed to `on_text` with the token and its logits,
+/// and what is still held back at the end, if anything, last with no token. Returns the
+/// generation and its whole text.
+pub fn generate_text(
+    model: &Model,
+    seq: &mut Sequence,
+    opts: &GenerateOptions,
+    mut stream: TextStream,
+    on_text: &mut dyn FnMut(Generated, &str) -> Result<Step>,
+) -> Result<(Generation, String)> {
+    let mut text = String::new();
+    let g = generate_from(model, seq, opts, &mut |id, logits| {
+        let (t, stopped) = stream.push(id);
+        text.push_str(&t);
+        let step = on_text(Some((id, logits)), &t)?;
+        Ok(if stopped { Step::Stop } else { step })
+    })?;
+    if g.finish_reason != FinishReason::Stop {
+        let t = stream.finish();
+        if !t.is_empty() {
+            text.push_str(&t);
+            on_text(None, &t)?;
+        }
+    }
+    Ok((g, text))
 }

@@ -68,7 +68,7 @@ pub mod work;
 
 pub use config::Config;
 pub use error::{Error, Result};
-pub use generate::{generate, generate_from, FinishReason, GenerateOptions, Generation, Step, Timings};
+pub use generate::{generate, generate_from, generate_text, FinishReason, GenerateOptions, Generation, Step, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart};
 pub use model::{Model, Rows, Scratch};

@@ -5,7 +5,7 @@
 use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
 use kvgpt::stop::TextStream;
-use kvgpt::{FinishReason, GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
+use kvgpt::{GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -21,27 +21,16 @@ struct Ask {
     stop: Vec<String>,
 }
 
-/// Runs the CLI's generation over `ask`, handing each token and the text it shows to `emit`
-/// (false: the caller stopped listening), and at the end any text held back (no token);
-/// returns the generation and its whole text.
+/// Runs the CLI's generation over `ask` ([`kvgpt::generate_text`]), handing each token and the
+/// text it shows to `emit` (false: the caller stopped listening), and at the end any text held
+/// back (no token); returns the generation and its whole text.
 fn run(l: &Loaded, ask: &Ask, emit: &mut dyn FnMut(Option<u32>, &str) -> bool) -> kvgpt::Result<(Generation, String)> {
-    let eos = l.model.config.eos_token_id;
     let mut seq = Sequence::new(&l.model, &ask.ids, ask.opts.max_new_tokens, ask.opts.sampling)?;
-    let mut stream = TextStream::new(&l.tokenizer, ask.opts.stop_at_eos.then_some(eos), ask.stop.clone());
-    let mut text = String::new();
-    let g = kvgpt::generate_from(&l.model, &mut seq, &ask.opts, &mut |id, _| {
-        let (t, stopped) = stream.push(id);
-        text.push_str(&t);
-        Ok(if !emit(Some(id), &t) || stopped { Step::Stop } else { Step::Go })
-    })?;
-    if g.finish_reason != FinishReason::Stop {
-        let t = stream.finish();
-        text.push_str(&t);
-        if !t.is_empty() {
-            emit(None, &t);
-        }
-    }
-    Ok((g, text))
+    let eos = ask.opts.stop_at_eos.then_some(l.model.config.eos_token_id);
+    let stream = TextStream::new(&l.tokenizer, eos, ask.stop.clone());
+    kvgpt::generate_text(&l.model, &mut seq, &ask.opts, stream, &mut |token, t| {
+        Ok(if emit(token.map(|(id, _)| id), t) { Step::Go } else { Step::Stop })
+    })
 }
 
 fn result<'py>(py: Python<'py>, g: &Generation, text: &str) -> PyResult<Bound<'py, PyDict>> {
@@ -154,9 +143,8 @@ impl Model {
         }
         let (temperature, top_k, top_p): (Option<f32>, Option<usize>, Option<f32>) =
             (kw(kwargs, "temperature", None)?, kw(kwargs, "top_k", None)?, kw(kwargs, "top_p", None)?);
-        let sampled = temperature.is_some() || top_k.is_some() || top_p.is_some();
         let sampling = Sampling {
-            temperature: if sampled { temperature.unwrap_or(1.0) } else { 0.0 },
+            temperature: Sampling::temperature_of(temperature, top_k, top_p),
             top_k,
             top_p,
             seed: kw(kwargs, "seed", 0)?,

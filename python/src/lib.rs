@@ -24,7 +24,7 @@ fn chat_template(messages: Vec<std::collections::HashMap<String, String>>) -> Py
         let (Some(role), Some(content)) = (m.get("role"), m.get("content")) else {
             return Err(PyValueError::new_err(format!("message {i} needs a \"role\" and a \"content\"")));
         };
-        if !["system", "developer", "user", "assistant"].contains(&role.as_str()) {
+        if !kvgpt::chat::ROLES.contains(&role.as_str()) {
             return Err(PyValueError::new_err(format!(
                 "message {i} has role {role:?}; kvgpt's template takes system, developer, user and assistant"
             )));
@@ -38,6 +38,7 @@ fn chat_template(messages: Vec<std::collections::HashMap<String, String>>) -> Py
 fn _kvgpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model::load, m)?)?;
     m.add_function(wrap_pyfunction!(chat_template, m)?)?;
+    m.add("CHAT_STOP", kvgpt::chat::CHAT_STOP)?;
     m.add_class::<model::Model>()?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<generate::Stream>()?;

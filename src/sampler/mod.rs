@@ -48,6 +48,17 @@ impl Sampling {
         frequency_penalty: 0.0,
     };
 
+    /// The command line's rule for the temperature (`kvgpt generate`, `chat`, and Python's
+    /// `generate`): greedy unless a temperature, top-k or top-p is given; given a top-k or
+    /// top-p alone, the temperature is 1.
+    pub fn temperature_of(temperature: Option<f32>, top_k: Option<usize>, top_p: Option<f32>) -> f32 {
+        match temperature {
+            Some(t) => t,
+            None if top_k.is_some() || top_p.is_some() => 1.0,
+            None => 0.0,
+        }
+    }
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }

@@ -277,10 +277,10 @@ impl SamplingArgs {
     /// The sampler settings, each flag checked ([`Sampling::check`]).
     pub fn sampling(&self) -> Result<Sampling> {
         let a = self;
-        let sampled = a.temperature.is_some() || a.top_k.is_some() || a.top_p.is_some();
+        let top_k = a.top_k.map(|k| k as usize);
         let s = Sampling {
-            temperature: if sampled { a.temperature.unwrap_or(1.0) } else { 0.0 },
-            top_k: a.top_k.map(|k| k as usize),
+            temperature: Sampling::temperature_of(a.temperature, top_k, a.top_p),
+            top_k,
             top_p: a.top_p,
             seed: a.seed,
             repetition_penalty: a.repetition_penalty,

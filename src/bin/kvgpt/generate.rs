@@ -9,7 +9,7 @@ use crate::out::count;
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt::stop::TextStream;
-use kvgpt::{generate_from, prompt_file, FinishReason, GenerateOptions, Sampling, Sequence, Step, Tokenizer};
+use kvgpt::{generate_text, prompt_file, GenerateOptions, Sampling, Sequence, Step, Tokenizer};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -142,29 +142,19 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         write!(stdout, "{prompt}").and_then(|_| stdout.flush()).map_err(crate::out::error)?;
     }
     let mut logprobs = Vec::new();
-    let mut stream = TextStream::new(tok, opts.stop_at_eos.then_some(eos), a.stop.clone());
-    let mut text = String::new(); // what was shown: the generated text, cut at a stop sequence
-    let mut emit = |t: &str, stdout: &mut std::io::StdoutLock| -> kvgpt::Result<()> {
-        text.push_str(t);
-        if a.json || t.is_empty() {
-            return Ok(());
-        }
-        write!(stdout, "{t}")
-            .and_then(|_| stdout.flush())
-            .map_err(|source| kvgpt::Error::Write { what: "standard output".into(), source })
-    };
-    let g = generate_from(model, &mut seq, &opts, &mut |id, logits| {
-        if let Some(k) = a.logprobs {
+    let stream = TextStream::new(tok, opts.stop_at_eos.then_some(eos), a.stop.clone());
+    // `text` is what was shown: the generated text, cut at a stop sequence.
+    let (g, text) = generate_text(model, &mut seq, &opts, stream, &mut |token, t| {
+        if let (Some((id, logits)), Some(k)) = (token, a.logprobs) {
             logprobs.push(LogprobEntry::of(tok, id, logits, k));
         }
-        let (t, stopped) = stream.push(id);
-        emit(&t, &mut stdout)?;
-        Ok(if stopped { Step::Stop } else { Step::Go })
+        if !a.json && !t.is_empty() {
+            write!(stdout, "{t}")
+                .and_then(|_| stdout.flush())
+                .map_err(|source| kvgpt::Error::Write { what: "standard output".into(), source })?;
+        }
+        Ok(Step::Go)
     })?;
-    if g.finish_reason != FinishReason::Stop {
-        let t = stream.finish();
-        emit(&t, &mut stdout)?;
-    }
     if let Some(file) = &a.prompt_cache {
         if saved_ids.as_deref() != Some(&ids[..]) {
             prompt_file::save(file, model, &ids, seq.cache())?;

@@ -359,7 +359,7 @@ pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
             Some(v) => kind(v).to_string(),
             None => "nothing".to_string(),
         };
-        if !["system", "developer", "user", "assistant"].contains(&role) {
+        if !kvgpt::chat::ROLES.contains(&role) {
             return Err(ApiError::bad(
                 &format!("{param}.role"),
                 format!("{param}.role must be system, developer, user or assistant, got {got}"),
