@@ -1,4 +1,4 @@
-"""kvgpt in a notebook, as a script (python/tests/test_example.py runs it): tokens, a forward pass
+"""kvgpt in a notebook, as a script (python/tests/test_api.py runs it): tokens, a forward pass
 with its hooks, the KV cache one step at a time, the loss, and OpenAI-shaped completions.
 
     python examples/notebook.py [MODEL]      # default: the bundled tests/fixtures/tiny-gpt2
@@ -45,6 +45,6 @@ print(out["choices"][0]["text"], out["usage"])
 chat = model.create_chat_completion([{"role": "user", "content": "Hello!"}], max_tokens=8)
 print(chat["choices"][0]["message"])
 
-# 6. The attention viewer (shown inline by Jupyter; here written to a file).
+# 6. The attention viewer (shown inline by Jupyter; `view.save(path)` writes the page to a file).
 view = model.attention_view("The cat sat on the mat")
 print("viewer:", len(view.html), "bytes of HTML")

@@ -96,7 +96,7 @@ def create_chat_completion(model: Model, messages: List[Dict[str, str]], stop: O
     """An OpenAI-shaped chat completion over kvgpt's plain chat template (the server's: system
     messages as paragraphs, then `User: …` / `Assistant: …` lines); the answer ends at the next
     `User:` line, or a stop of yours. The keywords are `create_completion`'s."""
-    stops = ["\nUser:"] + ([stop] if isinstance(stop, str) else list(stop or []))
+    stops = [_kvgpt.CHAT_STOP] + ([stop] if isinstance(stop, str) else list(stop or []))
     args = _generate_kw(stops, max_tokens=max_tokens, **kw)
     prompt = chat_template(messages)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),

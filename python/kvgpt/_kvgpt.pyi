@@ -38,6 +38,8 @@ class Scored(TypedDict):
 
 def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> Model: ...
 def chat_template(messages: List[Dict[str, str]]) -> str: ...
+# Where a chat answer ends: the next turn's label, "\nUser:".
+CHAT_STOP: str
 
 class Model:
     @property

@@ -92,18 +92,48 @@ fn points(h: &Hook) -> Vec<Point> {
     }
 }
 
-/// Records the points it was asked for, each once, keeping the data to hand to numpy.
+/// Records the points it was asked for, each once, keeping the data and its shape (batch 1
+/// first) to hand to numpy.
 struct Taps {
     wanted: BTreeSet<Point>,
-    got: BTreeMap<Point, Vec<f32>>,
+    got: BTreeMap<Point, (Vec<f32>, Vec<usize>)>,
 }
 
 impl Tap for Taps {
     fn wants(&self, point: Point) -> bool {
         self.wanted.contains(&point)
     }
-    fn record(&mut self, point: Point, _: &[usize], data: &[f32]) {
-        self.got.insert(point, data.to_vec());
+    fn record(&mut self, point: Point, shape: &[usize], data: &[f32]) {
+        self.got.insert(point, (data.to_vec(), [&[1], shape].concat()));
+    }
+}
+
+/// The recorded taps, handed to the hooks that read them: the last reader of a point takes its
+/// data; the others copy it, or read it in place.
+struct Got {
+    data: BTreeMap<Point, (Vec<f32>, Vec<usize>)>,
+    /// How many of the hooks asked for have still to read each point.
+    readers: BTreeMap<Point, usize>,
+}
+
+impl Got {
+    fn peek(&self, p: Point) -> &(Vec<f32>, Vec<usize>) {
+        &self.data[&p]
+    }
+
+    /// One reader of `p` is done with it: the last takes its data.
+    fn done(&mut self, p: Point) -> Option<(Vec<f32>, Vec<usize>)> {
+        let n = self.readers.get_mut(&p)?;
+        *n -= 1;
+        if *n == 0 {
+            self.data.remove(&p)
+        } else {
+            None
+        }
+    }
+
+    fn take(&mut self, p: Point) -> (Vec<f32>, Vec<usize>) {
+        self.done(p).unwrap_or_else(|| self.data[&p].clone())
     }
 }
 
@@ -137,10 +167,12 @@ impl Model {
             })?);
         }
         let wanted: BTreeSet<Point> = hooks.iter().flat_map(points).collect();
+        let mut readers = BTreeMap::<Point, usize>::new();
+        hooks.iter().flat_map(points).for_each(|p| *readers.entry(p).or_default() += 1);
         let (t, v) = (ids.len(), cfg.vocab_size);
         let (logits, taps) = self.e.tapped(py, &ids, Taps { wanted, got: BTreeMap::new() }, t)?;
         let (c, nh, hs) = (cfg.n_embd, cfg.n_head, cfg.head_dim());
-        let mut got = taps.got;
+        let mut got = Got { data: taps.got, readers };
         let cache = PyDict::new(py);
         for (name, hook) in names.iter().zip(&hooks) {
             let (data, shape): (Vec<f32>, Vec<usize>) = match *hook {
@@ -155,33 +187,21 @@ impl Model {
                 Hook::Block(l, h @ ("attn.hook_q" | "attn.hook_k" | "attn.hook_v")) => {
                     // c_attn's rows are q | k | v, each [NH, HS] in order: [T, NH, HS] each.
                     let part = ["attn.hook_q", "attn.hook_k", "attn.hook_v"].iter().position(|&p| p == h).unwrap_or(0);
-                    let qkv = &got[&Point::CAttn(l)];
+                    let qkv = &got.peek(Point::CAttn(l)).0;
                     let d = qkv.chunks(3 * c).flat_map(|r| &r[part * c..(part + 1) * c]).copied().collect();
+                    got.done(Point::CAttn(l));
                     (d, vec![1, t, nh, hs])
                 }
                 Hook::Block(l, "hook_resid_mid") => {
                     // The residual plus attention's output: the forward pass's own `x += proj`.
-                    let pre = &got[&if l == 0 { Point::Embed } else { Point::Block(l - 1) }];
-                    let d = pre.iter().zip(&got[&Point::AttnProj(l)]).map(|(a, b)| a + b).collect();
-                    (d, vec![1, t, c])
+                    let pre = if l == 0 { Point::Embed } else { Point::Block(l - 1) };
+                    let ((x, shape), (proj, _)) = (got.peek(pre), got.peek(Point::AttnProj(l)));
+                    let d = (x.iter().zip(proj).map(|(a, b)| a + b).collect(), shape.clone());
+                    got.done(pre);
+                    got.done(Point::AttnProj(l));
+                    d
                 }
-                ref h => {
-                    let p = points(h)[0];
-                    let shape = match p {
-                        Point::AttnScores(_) | Point::AttnProbs(_) => vec![1, nh, t, t],
-                        Point::MlpAct(_) => vec![1, t, cfg.n_inner],
-                        _ => vec![1, t, c],
-                    };
-                    // The last hook made from a point takes its data; the others copy it.
-                    let last = !names
-                        .iter()
-                        .zip(&hooks)
-                        .skip_while(|(n, _)| *n != name)
-                        .skip(1)
-                        .any(|(_, o)| points(o).contains(&p));
-                    let d = if last { got.remove(&p).unwrap_or_default() } else { got[&p].clone() };
-                    (d, shape)
-                }
+                ref h => got.take(points(h)[0]),
             };
             cache.set_item(name, PyArray1::from_vec(py, data).reshape(shape)?)?;
         }

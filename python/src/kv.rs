@@ -34,7 +34,7 @@ impl KvCache {
     /// cannot wait on a feed that waits for the GIL.
     fn feed(&self, py: Python<'_>, new: &[u32]) -> PyResult<()> {
         let cfg = &self.e.model().config;
-        let (n, v) = (cfg.n_positions, cfg.vocab_size);
+        let n = cfg.n_positions;
         py.detach(|| {
             let mut s = self.state();
             if s.ids.len() + new.len() > n {
@@ -47,9 +47,7 @@ impl KvCache {
             let State { cache, scratch, ids, logits } = &mut *s;
             self.e
                 .install(|l| {
-                    let mut out = vec![0.0f32; v];
-                    l.model.run(new, cache, scratch, &mut out)?;
-                    *logits = out;
+                    l.model.run(new, cache, scratch, logits)?;
                     ids.extend_from_slice(new);
                     Ok(())
                 })
@@ -142,7 +140,7 @@ impl Model {
             cache: kvgpt::KvCache::new(cfg),
             scratch: Scratch::new(cfg, kvgpt::model::CHUNK_ROWS.min(cfg.n_positions)),
             ids: Vec::new(),
-            logits: Vec::new(),
+            logits: vec![0.0; cfg.vocab_size],
         };
         let kv = KvCache { e: self.e.clone(), s: Mutex::new(state) };
         kv.feed(py, &ids)?;

@@ -65,7 +65,7 @@ pub(crate) fn ids_of(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>>
         if text.is_empty() {
             return Err(PyValueError::new_err("the text is empty: give at least one character"));
         }
-        return e.loaded.tokenizer.encode(&text).map_err(py_err);
+        return input.py().detach(|| e.loaded.tokenizer.encode(&text)).map_err(py_err);
     }
     if input.is_instance_of::<pyo3::types::PyBytes>() || input.is_instance_of::<pyo3::types::PyByteArray>() {
         return Err(PyTypeError::new_err("expected a str or a list of token ids, got bytes: decode it to a str first"));
@@ -124,17 +124,17 @@ pub fn load(
 #[pymethods]
 impl Model {
     /// The model's text and token ids.
-    fn tokenize(&self, text: &str) -> PyResult<Vec<u32>> {
-        self.e.loaded.tokenizer.encode(text).map_err(py_err)
+    fn tokenize(&self, py: Python<'_>, text: &str) -> PyResult<Vec<u32>> {
+        py.detach(|| self.e.loaded.tokenizer.encode(text)).map_err(py_err)
     }
 
     /// Text of token ids (bytes that are not whole characters become U+FFFD).
-    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+    fn detokenize(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
         let vocab = self.e.model().config.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(py_err(kvgpt::Error::BadTokenId { id, vocab }));
         }
-        Ok(self.e.loaded.tokenizer.decode(&ids))
+        Ok(py.detach(|| self.e.loaded.tokenizer.decode(&ids)))
     }
 
     /// The config: layers, heads, widths, context, vocabulary, and how the weights are held.

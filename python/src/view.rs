@@ -3,22 +3,8 @@
 
 use crate::model::{ids_of, Model};
 use kvgpt::views::attention_html::{html, Viewer};
-use kvgpt::{Point, Tap};
+use kvgpt::{Point, Recorder};
 use pyo3::prelude::*;
-
-/// Records the attention weights of every layer.
-struct Probs(Vec<Vec<f32>>);
-
-impl Tap for Probs {
-    fn wants(&self, point: Point) -> bool {
-        matches!(point, Point::AttnProbs(_))
-    }
-    fn record(&mut self, point: Point, _: &[usize], data: &[f32]) {
-        if let Point::AttnProbs(l) = point {
-            self.0[l] = data.to_vec();
-        }
-    }
-}
 
 /// kvgpt's attention viewer for a text: one self-contained HTML page (`html`), which Jupyter
 /// shows inline (in a sandboxed frame of its own, so its script and style stay out of the
@@ -53,19 +39,26 @@ impl Model {
         let cfg = self.e.model().config.clone();
         let ids = ids_of(&self.e, input)?;
         let t = ids.len();
-        let (_, Probs(probs)) = self.e.tapped(py, &ids, Probs(vec![Vec::new(); cfg.n_layer]), 0)?;
-        let tok = &self.e.loaded.tokenizer;
-        let labels: Vec<String> = ids.iter().map(|&i| tok.token_label(i)).collect();
-        let (layers, heads): (Vec<usize>, Vec<usize>) = ((0..cfg.n_layer).collect(), (0..cfg.n_head).collect());
-        let title = format!("attention of {} ({} tokens)", self.e.loaded.files.name, t);
-        let page = html(&Viewer {
-            title: &title,
-            tokens: &labels,
-            prompt_len: t,
-            layers: &layers,
-            heads: &heads,
-            weights: probs.iter().map(|p| p.chunks(t * t).collect()).collect(),
-            query: None,
+        let only_probs = Recorder::only(|p| matches!(p, Point::AttnProbs(_)));
+        let (_, rec) = self.e.tapped(py, &ids, only_probs, 0)?;
+        // Each layer's weights `[NH, T, T]`, one `[T, T]` per head.
+        let weights = (0..cfg.n_layer)
+            .map(|l| Some(rec.last(Point::AttnProbs(l))?.data.chunks(t * t).collect()))
+            .collect::<Option<Vec<Vec<&[f32]>>>>()
+            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("attention weights were not recorded"))?;
+        let (e, title) = (&self.e, format!("attention of {} ({} tokens)", self.e.loaded.files.name, t));
+        let page = py.detach(|| {
+            let labels: Vec<String> = ids.iter().map(|&i| e.loaded.tokenizer.token_label(i)).collect();
+            let (layers, heads): (Vec<usize>, Vec<usize>) = ((0..cfg.n_layer).collect(), (0..cfg.n_head).collect());
+            html(&Viewer {
+                title: &title,
+                tokens: &labels,
+                prompt_len: t,
+                layers: &layers,
+                heads: &heads,
+                weights,
+                query: None,
+            })
         });
         Ok(AttentionView { html: page })
     }

@@ -38,6 +38,13 @@ def model():
 
 
 @pytest.fixture(scope="session")
+def checkpoint():
+    """The fixture's weights, as Hugging Face names them without `transformer.`, in float64."""
+    weights = read_safetensors(FIXTURE / "model.safetensors")
+    return {k.removeprefix("transformer."): v.astype(np.float64) for k, v in weights.items()}
+
+
+@pytest.fixture(scope="session")
 def reference():
     doc = json.loads((FIXTURE / "reference.json").read_text())
     return doc, read_safetensors(FIXTURE / "reference.safetensors")

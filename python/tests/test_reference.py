@@ -120,11 +120,10 @@ def test_every_hook_is_there_with_its_shape_and_names_records_only_those(model):
     assert sorted(names) == sorted(want)
     _, cache = model.run_with_cache("The cat sat on")
     assert {k: v.shape for k, v in cache.items()} == want
-    # The residual after attention is the residual before it plus attention's output, and after
-    # the MLP that plus the MLP's output.
+    # The block's output (the forward pass's own) is the residual after attention plus the MLP's
+    # output, as TransformerLens has it.
     for layer in range(2):
         b = f"blocks.{layer}."
-        assert np.array_equal(cache[b + "hook_resid_mid"], cache[b + "hook_resid_pre"] + cache[b + "hook_attn_out"])
         assert np.array_equal(cache[b + "hook_resid_post"], cache[b + "hook_resid_mid"] + cache[b + "hook_mlp_out"])
     some = ["blocks.1.attn.hook_pattern", "hook_embed"]
     _, only = model.run_with_cache("The cat sat on", names=some)
@@ -132,3 +131,38 @@ def test_every_hook_is_there_with_its_shape_and_names_records_only_those(model):
     assert np.array_equal(only["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"])
     with pytest.raises(ValueError, match="not a hook of this model"):
         model.run_with_cache("x", names=["blocks.9.hook_resid_pre"])
+
+
+def test_the_hooks_hf_does_not_record_follow_from_the_checkpoint(model, checkpoint):
+    """The hooks without a Hugging Face reference (layer 1's ln_1 and q, attention's output, ln_2,
+    the MLP), each computed here in numpy (float64) from the checkpoint's weights and the hooks
+    before it that the references check."""
+    w = checkpoint
+    _, cache = model.run_with_cache("The cat sat on the mat because it was warm")
+    c = {k: v[0].astype(np.float64) for k, v in cache.items()}
+    T = c["hook_embed"].shape[0]
+
+    def layernorm(x, name):
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + 1e-5) * w[f"{name}.weight"] + w[f"{name}.bias"]
+
+    def linear(x, name):
+        return x @ w[f"{name}.weight"] + w[f"{name}.bias"]
+
+    for layer in range(2):
+        b, h = f"blocks.{layer}.", f"h.{layer}."
+        ln1 = layernorm(c[b + "hook_resid_pre"], h + "ln_1")
+        close(c[b + "ln1.hook_normalized"], ln1, f"{b}ln1")
+        q, k, v = np.split(linear(ln1, h + "attn.c_attn"), 3, axis=-1)
+        for part, x in zip("qkv", (q, k, v)):
+            close(c[b + f"attn.hook_{part}"], x.reshape(T, 4, 16), f"{b}hook_{part}")
+        z = np.einsum("hqk,khd->qhd", c[b + "attn.hook_pattern"], c[b + "attn.hook_v"]).reshape(T, 64)
+        attn_out = linear(z, h + "attn.c_proj")
+        close(c[b + "hook_attn_out"], attn_out, f"{b}hook_attn_out")
+        close(c[b + "hook_resid_mid"], c[b + "hook_resid_pre"] + attn_out, f"{b}hook_resid_mid")
+        ln2 = layernorm(c[b + "hook_resid_mid"], h + "ln_2")
+        close(c[b + "ln2.hook_normalized"], ln2, f"{b}ln2")
+        x = linear(ln2, h + "mlp.c_fc")
+        post = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))  # GPT-2's gelu_new
+        close(c[b + "mlp.hook_post"], post, f"{b}mlp.hook_post")
+        close(c[b + "hook_mlp_out"], linear(c[b + "mlp.hook_post"], h + "mlp.c_proj"), f"{b}hook_mlp_out")
