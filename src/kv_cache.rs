@@ -4,9 +4,9 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// The strided store's range of head `h`'s first `n` positions, for a capacity `cap`.
-fn h_rows(cap: usize, hs: usize, n: usize) -> impl Fn(usize) -> std::ops::Range<usize> {
-    move |h| h * cap * hs..(h * cap + n) * hs
+/// The strided store's range of head `h`'s positions `at`, for a capacity `cap`.
+fn h_rows(cap: usize, hs: usize, at: std::ops::Range<usize>) -> impl Fn(usize) -> std::ops::Range<usize> {
+    move |h| (h * cap + at.start) * hs..(h * cap + at.end) * hs
 }
 
 /// K and V of one layer, each `[NH, n_positions, HS]`: head `h`, position `p` at `(h*n_positions + p)*HS`.
@@ -133,9 +133,9 @@ impl KvCache {
             KvPart::K => &self.layers[l].k,
             KvPart::V => &self.layers[l].v,
         };
-        let mut out = Vec::with_capacity(nh * len * hs);
+        let (mut out, rows) = (Vec::with_capacity(nh * len * hs), h_rows(cap, hs, 0..len));
         for h in 0..nh {
-            out.extend_from_slice(&src[h * cap * hs..(h * cap + len) * hs]);
+            out.extend_from_slice(&src[rows(h)]);
         }
         out
     }
@@ -150,7 +150,7 @@ impl KvCache {
             other.len
         );
         let hs = self.head_dim;
-        let (a, b) = (h_rows(self.capacity, hs, n), h_rows(other.capacity, hs, n));
+        let (a, b) = (h_rows(self.capacity, hs, 0..n), h_rows(other.capacity, hs, 0..n));
         let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
         (self.n_head, self.head_dim, self.layers.len()) == (other.n_head, other.head_dim, other.layers.len())
             && self
@@ -164,11 +164,11 @@ impl KvCache {
     pub fn span(&self, a: usize, b: usize) -> KvSpan {
         assert!(a <= b && b <= self.len, "span {a}..{b} of a cache holding {} positions", self.len);
         let (nh, hs, cap, n) = (self.n_head, self.head_dim, self.capacity, b - a);
-        let mut data = Vec::with_capacity(self.layers.len() * 2 * nh * n * hs);
+        let (mut data, rows) = (Vec::with_capacity(self.layers.len() * 2 * nh * n * hs), h_rows(cap, hs, a..b));
         for layer in &self.layers {
             for src in [&layer.k, &layer.v] {
                 for h in 0..nh {
-                    data.extend_from_slice(&src[(h * cap + a) * hs..(h * cap + b) * hs]);
+                    data.extend_from_slice(&src[rows(h)]);
                 }
             }
         }

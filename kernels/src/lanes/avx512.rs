@@ -88,10 +88,6 @@ impl IntLanes for Zi {
         Zi(_mm512_set1_epi32(-corr))
     }
     #[inline(always)]
-    unsafe fn start_u(corr: i32) -> Zi {
-        Zi(_mm512_set1_epi32(-corr))
-    }
-    #[inline(always)]
     unsafe fn prep(a4: i32) -> __m512i {
         _mm512_set1_epi32(a4)
     }
@@ -107,10 +103,6 @@ impl IntLanes for Zi {
     }
     #[inline(always)]
     unsafe fn dot4(acc: Zi, a: __m512i, w: __m512i) -> Zi {
-        Zi(_mm512_dpbusd_epi32(acc.0, w, a))
-    }
-    #[inline(always)]
-    unsafe fn dot4u(acc: Zi, a: __m512i, w: __m512i) -> Zi {
         Zi(_mm512_dpbusd_epi32(acc.0, w, a))
     }
     #[inline(always)]

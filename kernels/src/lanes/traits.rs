@@ -55,12 +55,20 @@ pub(crate) trait IntLanes: Copy {
     /// dot products see the weights' offset.
     unsafe fn start(corr: i32) -> Self;
     /// The starting sums `-corr` for [`IntLanes::dot4u`]'s unsigned weights stored `corr / Σ qa`
-    /// above their values (every ISA sees that offset).
-    unsafe fn start_u(corr: i32) -> Self;
+    /// above their values (every ISA sees that offset); [`IntLanes::start`]'s where that sees
+    /// the offset too.
+    #[inline(always)]
+    unsafe fn start_u(corr: i32) -> Self {
+        Self::start(corr)
+    }
     /// `acc[l] += Σ_{m<4} a[m] · w[4l + m]`, exactly.
     unsafe fn dot4(acc: Self, a: Self::A, w: Self::W) -> Self;
-    /// As [`IntLanes::dot4`] for weights that are unsigned bytes below 128 (nibbles).
-    unsafe fn dot4u(acc: Self, a: Self::A, w: Self::W) -> Self;
+    /// As [`IntLanes::dot4`] for weights that are unsigned bytes below 128 (nibbles); `dot4`
+    /// itself where that takes unsigned weights as they are.
+    #[inline(always)]
+    unsafe fn dot4u(acc: Self, a: Self::A, w: Self::W) -> Self {
+        Self::dot4(acc, a, w)
+    }
     /// The block sums (exact integers) as f32.
     unsafe fn to_f32(acc: Self) -> Self::F;
 }

@@ -5,9 +5,10 @@
 //! Every ggml scale is an f16, or an f16 times a 6- or 8-bit integer: exact in f32, so the
 //! integers and the two f32s are the file's weights with nothing rounded. The integers are the
 //! signed values the weights are multiples of (Q4_0's `q - 8`, Q5_0's `q - 16`, Q6_K's `q - 32`);
-//! the types with a minimum keep theirs unsigned. Decoding follows ggml's block structs byte for byte; quantizing follows
-//! ggml's reference quantizers (`quantize_row_*_ref`) where kvgpt offers the type as a `--dtype`,
-//! so a model quantized here holds the same blocks as one `llama-quantize` wrote.
+//! the types with a minimum keep theirs unsigned. Decoding follows ggml's block structs byte for
+//! byte. Quantizing follows ggml's reference quantizers (`quantize_row_*_ref`) for Q8_0, Q4_0,
+//! Q4_1, Q5_0 and Q5_1, so a model quantized here holds the blocks `llama-quantize --pure` writes;
+//! Q4_K is stored in its format but rounded to nearest, not by llama.cpp's search for scales.
 
 use super::formats::{f16_bits_to_f32, f32_to_f16_bits};
 use super::quant::{self, scale_of};

@@ -116,14 +116,19 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     }
     let probe_bytes = (a.probe_mib as usize) << 20;
     kvgpt::bench::check_probe(probe_bytes)?;
+    // One run of every row per thread count of -t (llama-bench's list), each in its own pool;
+    // the loads and the bandwidth probe in a pool of the largest.
+    let counts: Vec<Option<usize>> =
+        if a.model.threads.is_empty() { vec![None] } else { a.model.threads.iter().map(|&n| Some(n.into())).collect() };
+    let widest = counts.iter().copied().max().flatten();
     let t0 = Instant::now();
-    let loaded = load(&a.model)?;
+    let loaded = crate::common::in_pool(widest, || load(&a.model))?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let m = &loaded.model;
     let cfg = &m.config;
     let (prompts, gens) = lengths(a, cfg.n_positions)?;
     let sampling = a.sampling.sampling()?;
-    let drafting = a.draft.load(&a.model, &loaded)?;
+    let drafting = crate::common::in_pool(widest, || a.draft.load(&a.model, &loaded))?;
     let spec = BenchSpec {
         prompts,
         gens,
@@ -134,9 +139,6 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         draft: drafting.as_ref().map(|d| d.config.clone()),
         depths: a.depths.clone().unwrap_or_default(),
     };
-    // One run of every row per thread count of -t (llama-bench's list), each in its own pool.
-    let counts: Vec<Option<usize>> =
-        if a.model.threads.is_empty() { vec![None] } else { a.model.threads.iter().map(|&n| Some(n.into())).collect() };
     let total = kvgpt::bench::tests(&spec).len() * spec.reps * counts.len();
     let mut done = 0;
     // Progress on one line rewritten in place on a terminal; a log file gets one line at the end.
@@ -168,7 +170,11 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         errln!("[kvgpt bench] {total} runs in {:.1} s", started.elapsed().as_secs_f64());
     }
     let rss = peak_rss_bytes().unwrap_or(0);
-    let bw = if a.probe_mib > 0 { probe_read_bandwidth(probe_bytes, 3)? } else { 0.0 };
+    let bw = if a.probe_mib > 0 {
+        crate::common::in_pool(widest, || Ok(probe_read_bandwidth(probe_bytes, 3)?))?
+    } else {
+        0.0
+    };
     let weight_bytes = m.weight_bytes();
     let kv_bytes = kvgpt::KvCache::new(cfg).bytes();
     let header = Header {
