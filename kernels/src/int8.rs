@@ -128,7 +128,7 @@ impl Job<'_> {
     /// Row `r`'s sum of activations over sub-block `s` (exact).
     #[inline(always)]
     fn act_sum(&self, r: usize, s: usize) -> i32 {
-        let (sub, per_row) = (self.w.sub, self.w.kp / HALF);
+        let (sub, per_row) = (self.w.sh.sub, self.w.kp / HALF);
         let at = r * per_row + s * sub / HALF;
         self.a.sums[at..at + sub / HALF].iter().sum()
     }
@@ -138,7 +138,7 @@ impl Job<'_> {
 #[inline(always)]
 pub(crate) unsafe fn tile_portable(j: &Job, p: usize, r: usize) {
     let Job { w, a, out, bias, n, .. } = *j;
-    let (kp, sub) = (w.kp, w.sub);
+    let (kp, sub) = (w.kp, w.sh.sub);
     let c0 = p * NR;
     let mut acc = [0.0f32; NR];
     for s in 0..kp / sub {
@@ -179,7 +179,7 @@ pub(crate) unsafe fn cols_portable(j: &Job, p0: usize, p1: usize) {
 #[inline(always)]
 unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j: &Job, p: usize, r0: usize) {
     let Job { w, a, out, bias, n, .. } = *j;
-    let (kp, sub, nb) = (w.kp, w.sub, w.kp / W8_BLOCK);
+    let (kp, sub, nb) = (w.kp, w.sh.sub, w.kp / W8_BLOCK);
     let (wq, aq) = (w.q.as_ptr(), a.q.as_ptr());
     let mut acc = [[L::F::zero(); R]; G]; // [panel][row]
     for s in 0..kp / sub {
@@ -188,8 +188,8 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
         let mut start = [L::start(0); R];
         for r in 0..R {
             asum[r] = j.act_sum(r0 + r, s);
-            // Bytes are offset by 128, nibbles by `w.offset`: the sums take that off.
-            start[r] = if FOUR { L::start_u(w.offset * asum[r]) } else { L::start(128 * asum[r]) };
+            // Bytes are offset by 128, nibbles by `w.sh.offset`: the sums take that off.
+            start[r] = if FOUR { L::start_u(w.sh.offset * asum[r]) } else { L::start(128 * asum[r]) };
         }
         let mut isum = [start; G];
         if FOUR {
@@ -254,7 +254,7 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
 /// Every row against panels `p0..p1` in register tiles; the ragged last panel in plain Rust.
 #[inline(always)]
 pub(crate) unsafe fn cols<L: IntLanes>(j: &Job, p0: usize, p1: usize) {
-    if j.w.four {
+    if j.w.sh.four {
         cols_of::<L, true>(j, p0, p1)
     } else {
         cols_of::<L, false>(j, p0, p1)

@@ -64,13 +64,11 @@ impl WeightType {
 /// zero rows to `kp`, a multiple of [`W8_BLOCK`].
 pub(crate) struct Ints {
     pub(crate) ty: WeightType,
+    /// How `ty`'s integers are held (`ty.int_shape()`).
+    pub(crate) sh: Shape,
     pub(crate) kp: usize,
-    pub(crate) sub: usize,
-    pub(crate) four: bool,
-    /// A nibble's value is the stored `0..15` less this ([`Shape::offset`]).
-    pub(crate) offset: i32,
     /// Bytes (int8 offset by 128: the operand order of VNNI's unsigned × signed dot product) or
-    /// nibble pairs (unsigned 0..15).
+    /// nibble pairs (unsigned 0..15, [`Shape::offset`] above their values).
     pub(crate) q: Aligned<u8>,
     /// Per panel, sub-block and lane ([`sub_block_index`]).
     pub(crate) scales: Vec<f32>,
@@ -79,27 +77,28 @@ pub(crate) struct Ints {
     /// Rows streamed in by `set_row` until a unit is whole.
     stage: Vec<f32>,
     next_row: usize,
-    unit: usize,
+}
+
+/// A `[K, N]` matrix's sizes held as shape `sh`: the padded reduction, the bytes of its integers,
+/// and how many scales (and as many minimums, if any) it has.
+fn sizes(sh: Shape, k: usize, n: usize) -> (usize, usize, usize) {
+    let (kp, panels) = (k.div_ceil(W8_BLOCK) * W8_BLOCK, n.div_ceil(NR));
+    (kp, panels * kp * NR / if sh.four { 2 } else { 1 }, panels * (kp / sh.sub) * NR)
 }
 
 impl Ints {
     pub(crate) fn zeros(ty: WeightType, k: usize, n: usize) -> Ints {
         let sh = ty.int_shape().expect("an integer type");
-        let kp = k.div_ceil(W8_BLOCK) * W8_BLOCK;
-        let panels = n.div_ceil(NR);
-        let per_sub = panels * (kp / sh.sub) * NR;
+        let (kp, q_bytes, per_sub) = sizes(sh, k, n);
         Ints {
             ty,
+            sh,
             kp,
-            sub: sh.sub,
-            four: sh.four,
-            offset: sh.offset,
-            q: Aligned::zeroed(panels * kp * NR / if sh.four { 2 } else { 1 }),
+            q: Aligned::zeroed(q_bytes),
             scales: vec![0.0; per_sub],
             mins: if sh.mins { vec![0.0; per_sub] } else { Vec::new() },
             stage: Vec::new(),
             next_row: 0,
-            unit: sh.unit,
         }
     }
 
@@ -111,17 +110,15 @@ impl Ints {
     /// The bytes a `[K, N]` matrix of integer type `ty` holds.
     pub(crate) fn bytes_of(ty: WeightType, k: usize, n: usize) -> usize {
         let sh = ty.int_shape().expect("an integer type");
-        let (kp, panels) = (k.div_ceil(W8_BLOCK) * W8_BLOCK, n.div_ceil(NR));
-        let per_sub = panels * (kp / sh.sub) * NR;
-        panels * kp * NR / if sh.four { 2 } else { 1 } + 4 * per_sub * if sh.mins { 2 } else { 1 }
+        let (_, q_bytes, per_sub) = sizes(sh, k, n);
+        q_bytes + 4 * per_sub * if sh.mins { 2 } else { 1 }
     }
 
-    /// The integer of element (row `i`, lane `j`) of panel `p`.
     #[inline(always)]
     pub(crate) fn value(&self, p: usize, i: usize, j: usize) -> i32 {
-        if self.four {
+        if self.sh.four {
             let (at, shift) = w4_index(self.kp, p, i, j);
-            ((self.q[at] >> shift) & 0xF) as i32 - self.offset
+            ((self.q[at] >> shift) & 0xF) as i32 - self.sh.offset
         } else {
             w8_value(self.q[w8_index(self.kp, p, i, j)]) as i32
         }
@@ -130,7 +127,7 @@ impl Ints {
     /// Element (row `i`, lane `j`) of panel `p` widened: `scale · q (+ min)`.
     #[inline(always)]
     pub(crate) fn widened(&self, p: usize, i: usize, j: usize) -> f32 {
-        let at = sub_block_index(self.kp, self.sub, p, i / self.sub) + j;
+        let at = sub_block_index(self.kp, self.sh.sub, p, i / self.sh.sub) + j;
         let v = self.scales[at] * self.value(p, i, j) as f32;
         if self.mins.is_empty() {
             v
@@ -152,18 +149,20 @@ impl Ints {
     /// are dropped: a unit's padding).
     fn store(&mut self, c: usize, s0: usize, subs: &[Sub]) {
         let (p, j) = (c / NR, c % NR);
-        for (s, sb) in subs.iter().enumerate().map(|(s, sb)| (s0 + s, sb)).take_while(|(s, _)| s * self.sub < self.kp) {
-            for (ii, &q) in sb.q[..self.sub].iter().enumerate() {
-                let i = s * self.sub + ii;
-                if self.four {
+        for (s, sb) in
+            subs.iter().enumerate().map(|(s, sb)| (s0 + s, sb)).take_while(|(s, _)| s * self.sh.sub < self.kp)
+        {
+            for (ii, &q) in sb.q[..self.sh.sub].iter().enumerate() {
+                let i = s * self.sh.sub + ii;
+                if self.sh.four {
                     let (at, shift) = w4_index(self.kp, p, i, j);
-                    let u = (q as i32 + self.offset) as u8 & 0xF;
+                    let u = (q as i32 + self.sh.offset) as u8 & 0xF;
                     self.q[at] = (self.q[at] & !(0xF << shift)) | (u << shift);
                 } else {
                     self.q[w8_index(self.kp, p, i, j)] = q as u8 ^ 0x80;
                 }
             }
-            let at = sub_block_index(self.kp, self.sub, p, s) + j;
+            let at = sub_block_index(self.kp, self.sh.sub, p, s) + j;
             self.scales[at] = sb.scale;
             if !self.mins.is_empty() {
                 self.mins[at] = sb.min;
@@ -174,10 +173,10 @@ impl Ints {
     /// Quantizes column `c`'s rows `u0..u0 + len` (`w(ii)` for `ii < len`), one unit, zero-padded.
     fn quantize_unit(&mut self, c: usize, u0: usize, len: usize, w: impl Fn(usize) -> f32) {
         let (mut x, mut subs) = ([0.0f32; ggml::QK_K], ggml::NO_SUBS);
-        let (x, subs) = (&mut x[..self.unit], &mut subs[..self.unit / self.sub]);
+        let (x, subs) = (&mut x[..self.sh.unit], &mut subs[..self.sh.unit / self.sh.sub]);
         x[..len].iter_mut().enumerate().for_each(|(ii, v)| *v = w(ii));
         ggml::quantize(self.ty, x, subs);
-        self.store(c, u0 / self.sub, subs);
+        self.store(c, u0 / self.sh.sub, subs);
     }
 
     /// Row `i` of `k` (`n` values), rows in order: staged until a unit is whole, then quantized.
@@ -185,8 +184,8 @@ impl Ints {
         assert!(i == self.next_row, "set_row: integer rows arrive in order (row {i} after {})", self.next_row);
         self.next_row += 1;
         self.stage.extend_from_slice(row);
-        let u0 = i / self.unit * self.unit;
-        let rows = self.unit.min(k - u0);
+        let u0 = i / self.sh.unit * self.sh.unit;
+        let rows = self.sh.unit.min(k - u0);
         let n = row.len();
         if self.stage.len() == rows * n {
             let stage = std::mem::take(&mut self.stage);
@@ -198,8 +197,8 @@ impl Ints {
 
     /// Column `c` whole (`k` values), quantized unit by unit.
     pub(crate) fn set_col(&mut self, c: usize, k: usize, col: &[f32]) {
-        for u0 in (0..k).step_by(self.unit) {
-            self.quantize_unit(c, u0, self.unit.min(k - u0), |ii| col[u0 + ii]);
+        for u0 in (0..k).step_by(self.sh.unit) {
+            self.quantize_unit(c, u0, self.sh.unit.min(k - u0), |ii| col[u0 + ii]);
         }
     }
 
@@ -210,7 +209,7 @@ impl Ints {
             return Err(format!("{} bytes of {} blocks for a row of {k}", raw.len(), self.ty.name()));
         }
         let mut subs = ggml::NO_SUBS;
-        let subs = &mut subs[..elems / self.sub];
+        let subs = &mut subs[..elems / self.sh.sub];
         for (b, blk) in raw.chunks_exact(bytes).enumerate() {
             ggml::decode(self.ty, blk, subs)?;
             // Held, the integers meet AVX2's sign trick, which cannot negate -128; widened to
@@ -222,7 +221,7 @@ impl Ints {
                     self.ty.name()
                 ));
             }
-            self.store(c, b * elems / self.sub, subs);
+            self.store(c, b * elems / self.sh.sub, subs);
         }
         Ok(())
     }
