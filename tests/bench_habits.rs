@@ -95,8 +95,13 @@ fn zero_skips_a_test_and_depths_are_named_as_llama_bench_names_them() {
         rows_of(&["-p", "16", "-n", "4", "-d", "0,32"]),
         own(&[("pp16 @ d0", 16, 0), ("pp16 @ d32", 16, 32), ("tg4 @ d0", 0, 0), ("tg4 @ d32", 32, 32)])
     );
-    // What does not fit names the flags; nothing to run is refused.
+    // With depths no decode row follows the 4-token prompt: the time to the first token is
+    // given without a count of decode steps.
     let m = model();
+    let args = ["bench", "-m", &m, "-p", "4", "-n", "2", "-d", "0,8", "-r", "1", "--probe-mib", "0", "--no-uncached"];
+    let (md, _) = ok(&kvgpt(&args));
+    let line = md.lines().find(|l| l.starts_with("load to first token")).unwrap();
+    assert!(line.ends_with(" ms") && !line.contains("decode steps"), "{line}");
     let out = kvgpt(&["bench", "-m", &m, "-p", "64", "-d", "100", "-n", "4"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

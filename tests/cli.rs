@@ -275,7 +275,7 @@ fn bench_reports_every_row_in_every_format() {
     let (md, _) = ok(&kvgpt(&["bench", "--model", &m, "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "1"], None));
     assert!(md.contains("A decode step is timed from choosing its token"), "{md}");
     assert!(md.contains("| decode | context (prompt) | cached tok/s | uncached tok/s | speedup |"), "{md}");
-    assert!(md.contains("load to first token"), "{md}");
+    assert!(md.contains("load to first token (4-token prompt): ") && md.contains(" decode steps of "), "{md}");
     // Batched rows: B sequences per forward, B·N tokens per repetition, and their ratio table.
     let (md, _) = ok(&kvgpt(
         &[

@@ -285,14 +285,16 @@ pub(super) fn print_md(h: &Header, rows: &[Row], reports: &[RowReport]) -> Resul
         }
     }
     if let Some(pp4) = rows.iter().find(|r| r.test == Test::Prefill { prompt: 4, depth: 0 }) {
-        let ttft = mean_sd(&pp4.step_ms).0;
-        let step =
-            rows.iter().find(|r| r.test == greedy(4, r_gen(r))).map(|r| percentile(&r.step_ms, 50.0)).unwrap_or(0.0);
-        outln!(
-            "\nload to first token (4-token prompt): {:.1} ms = {:.1} decode steps of {step:.2} ms",
-            load_ms + ttft,
-            (load_ms + ttft) / step.max(1e-9)
-        );
+        let ttft = load_ms + mean_sd(&pp4.step_ms).0;
+        // In decode steps after the same prompt, when one was timed (not with -n 0, or -d).
+        let steps = match rows.iter().find(|r| r.test == greedy(4, r_gen(r))) {
+            Some(r) => {
+                let step = percentile(&r.step_ms, 50.0);
+                format!(" = {:.1} decode steps of {step:.2} ms", ttft / step.max(1e-9))
+            }
+            None => String::new(),
+        };
+        outln!("\nload to first token (4-token prompt): {ttft:.1} ms{steps}");
     }
     Ok(())
 }
