@@ -18,6 +18,8 @@ pub struct AttentionView {
 #[pymethods]
 impl AttentionView {
     fn _repr_html_(&self) -> String {
+        // A quoted attribute needs only `&` and `"` escaped (`grid::xml_escape` also writes
+        // control characters out, which would break the page's script).
         let escaped = self.html.replace('&', "&amp;").replace('"', "&quot;");
         format!(
             r#"<iframe srcdoc="{escaped}" style="width:100%;height:640px;border:0" sandbox="allow-scripts"></iframe>"#

@@ -75,10 +75,13 @@ def test_attention_view_is_kvgpt_viewer_with_the_weights(model, reference):
     doc, t = reference
     view = model.attention_view("The cat sat on")
     assert view.html.startswith("<!DOCTYPE html>") and "attention of" in view.html
-    assert view._repr_html_().startswith("<iframe srcdoc=")
-    # The page carries HF's weights (five decimals): layer 1, head 2, query 3 over its keys.
+    # Jupyter's frame holds the page itself, as a browser reads the attribute back.
+    import html
     import json
     import re
+    frame = re.fullmatch(r'<iframe srcdoc="([^"]*)" style="[^"]*" sandbox="allow-scripts"></iframe>', view._repr_html_())
+    assert frame is not None and html.unescape(frame[1]) == view.html
+    # The page carries HF's weights (five decimals): layer 1, head 2, query 3 over its keys.
     data = json.loads(re.search(r'<script type="application/json" id="kvgpt-data">(.*?)</script>', view.html, re.S)[1])
     assert data["tokens"] == ["The", "·cat", "·sat", "·on"]
     assert np.max(np.abs(np.array(data["attn"][1][2][3]) - t["p0.attn.1"][2, 3])) < 1e-4
