@@ -5,7 +5,7 @@
 //! Run: `cargo bench --bench sampler` (one thread: sampling uses none).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kvgpt::{Sampler, Sampling};
+use kvgpt_core::{Sampler, Sampling};
 use std::hint::black_box;
 
 const VOCAB: usize = 50257;

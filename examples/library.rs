@@ -3,16 +3,16 @@
 //!
 //!     cargo run --release --example library -- tests/fixtures/tiny-gpt2 "The cat sat on"
 
-use kvgpt::{generate, GenerateOptions, KvCache, Point, Recorder, Sampling, Scratch, Step};
+use kvgpt_core::{generate, GenerateOptions, KvCache, Point, Recorder, Sampling, Scratch, Step};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let folder = args.next().unwrap_or_else(|| "tests/fixtures/tiny-gpt2".into());
     let prompt = args.next().unwrap_or_else(|| "The cat sat on".into());
 
-    // A local folder (config.json, model.safetensors, tokenizer.json); `kvgpt::Locate` also
+    // A local folder (config.json, model.safetensors, tokenizer.json); `kvgpt_core::Locate` also
     // resolves Hugging Face Hub ids.
-    let loaded = kvgpt::load(&kvgpt::hub::local_folder(std::path::Path::new(&folder))?)?;
+    let loaded = kvgpt_core::load(&kvgpt_core::hub::local_folder(std::path::Path::new(&folder))?)?;
     let (model, tok) = (&loaded.model, &loaded.tokenizer);
     let ids = tok.encode(&prompt)?;
 

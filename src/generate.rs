@@ -1,218 +1,271 @@
-//! The generation loop: prefill, decode (cached) or recompute (uncached), stop conditions,
-//! timings, and a callback per token for streaming.
+//! `kvgpt generate` and `kvgpt tokenize`.
 
-use crate::error::Result;
-use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::Sampling;
-use crate::sequence::Sequence;
-use crate::stop::TextStream;
-use std::time::{Duration, Instant};
+use crate::common::{
+    load, locate, print_json, prompt_ids, read_prompt, sampler_words, Input, ModelArgs, Outcome, PromptArgs,
+    SamplingArgs,
+};
+use crate::draft::DraftArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use kvgpt_core::stop::TextStream;
+use kvgpt_core::units::count;
+use kvgpt_core::{generate_text, prompt_file, GenerateOptions, Sampling, Sequence, Step, Tokenizer};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
 
-#[derive(Clone, Debug)]
-pub struct GenerateOptions {
-    pub max_new_tokens: usize,
-    pub sampling: Sampling,
-    /// Stop when the model emits the end-of-text token (it is kept in the ids, not in the text).
-    pub stop_at_eos: bool,
-    /// Decode with the KV cache (true) or recompute the whole sequence every step (false).
-    pub use_cache: bool,
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// How many tokens to generate at most.
+    #[arg(long, short = 'n', default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_new_tokens: u32,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Stop where the generated text first contains STR (cut before it; repeatable).
+    #[arg(long, value_name = "STR")]
+    pub stop: Vec<String>,
+    /// Keep generating after <|endoftext|>.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Recompute the whole sequence at every step instead of using the KV cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Report each generated token's log-probability and the K most likely alternatives
+    /// (from the model's distribution before temperature, top-k and top-p).
+    #[arg(long, value_name = "K")]
+    pub logprobs: Option<usize>,
+    /// Print one JSON object on stdout instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Reuse the K/V of the longest prefix this file holds and compute only the rest (the same
+    /// bits as without it), then save this prompt's K/V there (created if missing).
+    #[arg(long, value_name = "FILE", conflicts_with = "no_cache")]
+    pub prompt_cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub draft: DraftArgs,
 }
 
-impl Default for GenerateOptions {
-    fn default() -> Self {
-        GenerateOptions { max_new_tokens: 50, sampling: Sampling::GREEDY, stop_at_eos: true, use_cache: true }
+fn checked_stops(a: &GenerateArgs) -> Result<()> {
+    if a.stop.iter().any(String::is_empty) {
+        bail!("--stop needs a non-empty string");
     }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    Eos,
-    Length,
-    /// The caller's `on_token` said so (a stop sequence).
-    Stop,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Eos => "eos",
-            FinishReason::Length => "length",
-            FinishReason::Stop => "stop",
-        }
+    if a.no_cache && (a.draft.draft.is_some() || a.draft.draft_model.is_some()) {
+        bail!("--draft needs the KV cache (a verify step rolls it back); drop --no-cache");
     }
+    Ok(())
 }
 
-/// What `on_token` tells the loop: go on, or stop here (the token stays generated).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    Go,
-    Stop,
-}
-
-/// Where the time of a generation went: each step is a forward pass and then the choice of the
-/// next token (the penalties, temperature, top-k, top-p and the draw, or greedy's argmax), so the
-/// figures per token are what a user waits for a token. Not in them: tokenization, and the
-/// caller's `on_token` (printing, log-probabilities).
-#[derive(Clone, Debug, Default)]
-pub struct Timings {
-    /// The first step: the forward call over the prompt, and choosing the first token.
-    pub prefill: Duration,
-    pub prefill_tokens: usize,
-    /// Every later step: its forward call (over the last token, and any drafted ones) and
-    /// choosing the next token (or tokens, when drafts are accepted); with a draft, its proposal.
-    pub decode: Duration,
-    /// Tokens generated after the first (each later step makes one, or more with drafts).
-    pub decode_steps: usize,
-    /// Forward calls (steps), prefill included: fewer than the tokens when drafts are accepted.
-    pub forwards: usize,
-    /// The draft's work: its prefill of the prompt (part of `prefill`) and its proposals (part
-    /// of `decode`).
-    pub draft: Duration,
-    /// Choosing the tokens, all of them: already part of `prefill` (the first) and `decode`.
-    pub sample: Duration,
-    /// Tokens chosen (one per step, or more with accepted drafts).
-    pub sample_tokens: usize,
-}
-
-impl Timings {
-    pub fn decode_tokens_per_s(&self) -> f64 {
-        if self.decode_steps == 0 {
-            return 0.0;
-        }
-        self.decode_steps as f64 / self.decode.as_secs_f64()
-    }
-
-    /// Milliseconds per decode step (its forward call and its choice of token).
-    pub fn decode_ms_per_token(&self) -> f64 {
-        per_token_ms(self.decode, self.decode_steps)
-    }
-
-    /// Milliseconds per token spent choosing it.
-    pub fn sample_ms_per_token(&self) -> f64 {
-        per_token_ms(self.sample, self.sample_tokens)
-    }
-}
-
-fn per_token_ms(d: Duration, n: usize) -> f64 {
-    if n == 0 {
-        return 0.0;
-    }
-    d.as_secs_f64() * 1e3 / n as f64
-}
-
-#[derive(Clone, Debug)]
-pub struct Generation {
-    pub prompt_ids: Vec<u32>,
-    pub generated_ids: Vec<u32>,
-    pub finish_reason: FinishReason,
-    pub timings: Timings,
-}
-
-pub use crate::sequence::check_context;
-
-/// Runs the loop. `on_token` sees every new id as soon as it is chosen, with the logits it was
-/// chosen from (before penalties and temperature); it returns whether to go on, and an error
-/// stops.
-pub fn generate(
-    model: &Model,
-    prompt_ids: &[u32],
-    opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<Step>,
-) -> Result<Generation> {
-    let mut seq = Sequence::new(model, prompt_ids, opts.max_new_tokens, opts.sampling)?;
-    generate_from(model, &mut seq, opts, on_token)
-}
-
-/// The loop over a sequence made by the caller (whose cache may already hold a prefix of the
-/// prompt, restored from a prompt cache): only the rest is computed.
-pub fn generate_from(
-    model: &Model,
-    seq: &mut Sequence,
-    opts: &GenerateOptions,
-    on_token: &mut dyn FnMut(u32, &[f32]) -> Result<Step>,
-) -> Result<Generation> {
-    let cfg = &model.config;
-    let prompt_len = seq.prompt().len();
-    let drafts = seq.speculation().map_or(0, |s| s.max_k);
-    let rows = if opts.use_cache { seq.pending().max(1 + drafts) } else { prompt_len + opts.max_new_tokens };
-    let mut scratch = Scratch::new(cfg, rows.clamp(1, CHUNK_ROWS));
-    let mut timings = Timings { prefill_tokens: seq.pending(), ..Timings::default() };
-    let mut finish = FinishReason::Length;
-    let mut made = 0;
-    'steps: while made < opts.max_new_tokens {
-        let start = Instant::now();
-        if !opts.use_cache {
-            seq.forget_cache(); // the whole sequence again from an empty cache
-        }
-        seq.draft(1)?; // with a draft: proposed tokens to verify in this feed
-        let drafted = Instant::now();
-        seq.feed(model, &mut scratch)?;
-        let chosen = Instant::now();
-        seq.sample();
-        let end = Instant::now();
-        let n = seq.new_tokens().len();
-        timings.draft += drafted - start;
-        timings.sample += end - chosen;
-        timings.sample_tokens += n;
-        if made == 0 {
-            seq.prefill_draft()?;
-            let drafted = Instant::now();
-            timings.draft += drafted - end;
-            timings.prefill = drafted - start;
-            timings.decode_steps += n - 1;
-        } else {
-            timings.decode += end - start;
-            timings.decode_steps += n;
-        }
-        timings.forwards += 1;
-        for j in 0..n {
-            let next = seq.new_tokens()[j];
-            made += 1;
-            let stop = on_token(next, seq.new_logits(j))? == Step::Stop;
-            let eos = opts.stop_at_eos && next == cfg.eos_token_id;
-            if stop || eos {
-                finish = if stop { FinishReason::Stop } else { FinishReason::Eos };
-                seq.keep_generated(made);
-                break 'steps;
-            }
-        }
-    }
-    Ok(Generation {
-        prompt_ids: seq.prompt().to_vec(),
-        generated_ids: seq.generated().to_vec(),
-        finish_reason: finish,
-        timings,
+/// The sampler settings as `--json` and the stats line report them.
+fn sampler_json(s: &Sampling) -> Value {
+    json!({
+        "mode": if s.is_greedy() { "greedy" } else { "sampled" },
+        "temperature": s.temperature,
+        "top_k": s.top_k,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
     })
 }
 
-/// A generated token and its logits (None: the text held back to the end).
-pub type Generated<'a> = Option<(u32, &'a [f32])>;
+/// One generated token with its log-probability and the most likely alternatives (the server's
+/// numbers: `kvgpt_core::logprobs::token_logprob`), as `--json` and the text report show it.
+#[derive(Serialize)]
+struct LogprobEntry {
+    id: u32,
+    token: String,
+    logprob: f64,
+    top: Vec<Alternative>,
+}
 
-/// [`generate_from`] with the text a reader sees: each token's piece of text from `stream`
-/// (held back while it could still become a stop sequence or a character; cut at a stop
-/// sequence, which ends the generation) is handed to `on_text` with the token and its logits,
-/// and what is still held back at the end, if anything, last with no token. Returns the
-/// generation and its whole text.
-pub fn generate_text(
-    model: &Model,
-    seq: &mut Sequence,
-    opts: &GenerateOptions,
-    mut stream: TextStream,
-    on_text: &mut dyn FnMut(Generated, &str) -> Result<Step>,
-) -> Result<(Generation, String)> {
-    let mut text = String::new();
-    let g = generate_from(model, seq, opts, &mut |id, logits| {
-        let (t, stopped) = stream.push(id);
-        text.push_str(&t);
-        let step = on_text(Some((id, logits)), &t)?;
-        Ok(if stopped { Step::Stop } else { step })
-    })?;
-    if g.finish_reason != FinishReason::Stop {
-        let t = stream.finish();
-        if !t.is_empty() {
-            text.push_str(&t);
-            on_text(None, &t)?;
+#[derive(Serialize)]
+struct Alternative {
+    id: u32,
+    token: String,
+    logprob: f64,
+}
+
+impl LogprobEntry {
+    fn of(tok: &Tokenizer, id: u32, logits: &[f32], k: usize) -> LogprobEntry {
+        let lp = kvgpt_core::logprobs::token_logprob(logits, id, k);
+        LogprobEntry {
+            id,
+            token: tok.token_label(id),
+            logprob: lp.logprob,
+            top: lp.top.iter().map(|&(i, l)| Alternative { id: i, token: tok.token_label(i), logprob: l }).collect(),
         }
     }
-    Ok((g, text))
+}
+
+pub fn run(a: &GenerateArgs) -> Result<Outcome> {
+    let sampling = a.sampling.sampling()?;
+    checked_stops(a)?;
+    let prompt = read_prompt(&a.prompt)?;
+    let t0 = Instant::now();
+    let loaded = load(&a.model)?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let (model, tok) = (&loaded.model, &loaded.tokenizer);
+    let eos = model.config.eos_token_id;
+    let ids = prompt_ids(&loaded, &prompt)?;
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens as usize,
+        sampling,
+        stop_at_eos: !a.ignore_eos,
+        use_cache: !a.no_cache,
+    };
+    let mut seq = Sequence::new(model, &ids, opts.max_new_tokens, opts.sampling)?;
+    let mut saved_ids = None;
+    if let Some(file) = &a.prompt_cache {
+        crate::common::refuse_input_path(file, &loaded.files, a.prompt.prompt_file.as_deref())?;
+        if file.exists() {
+            let saved = prompt_file::load(file, model)?;
+            let reuse = prompt_file::reusable(&saved, &ids);
+            seq.restore(&saved.kv, 0, reuse)?;
+            saved_ids = Some(saved.ids);
+        }
+    }
+    let reused = seq.cache().len();
+    let drafting = a.draft.load(&a.model, &loaded)?;
+    if let Some(d) = &drafting {
+        seq.speculate_with(&d.config);
+    }
+
+    let mut stdout = std::io::stdout().lock();
+    if !a.json {
+        write!(stdout, "{prompt}").and_then(|_| stdout.flush()).map_err(crate::out::error)?;
+    }
+    let mut logprobs = Vec::new();
+    let stream = TextStream::new(tok, opts.stop_at_eos.then_some(eos), a.stop.clone());
+    // `text` is what was shown: the generated text, cut at a stop sequence.
+    let (g, text) = generate_text(model, &mut seq, &opts, stream, &mut |token, t| {
+        if let (Some((id, logits)), Some(k)) = (token, a.logprobs) {
+            logprobs.push(LogprobEntry::of(tok, id, logits, k));
+        }
+        if !a.json && !t.is_empty() {
+            write!(stdout, "{t}")
+                .and_then(|_| stdout.flush())
+                .map_err(|source| kvgpt_core::Error::Write { what: "standard output".into(), source })?;
+        }
+        Ok(Step::Go)
+    })?;
+    if let Some(file) = &a.prompt_cache {
+        if saved_ids.as_deref() != Some(&ids[..]) {
+            prompt_file::save(file, model, &ids, seq.cache())?;
+        }
+    }
+    let t = &g.timings;
+    let draft_stats = seq.speculation().map(|s| s.stats);
+    let prefill_ms = t.prefill.as_secs_f64() * 1e3;
+    let decode_ms = t.decode.as_secs_f64() * 1e3;
+    if a.json {
+        let mut out = json!({
+            "model": loaded.files.name,
+            "prompt": prompt,
+            "prompt_ids": g.prompt_ids,
+            "generated_ids": g.generated_ids,
+            "text": text,
+            "finish_reason": g.finish_reason.as_str(),
+            "sampler": sampler_json(&opts.sampling),
+            "stop": a.stop,
+            "dtype": model.weights_dtype(),
+            "threads": rayon::current_num_threads(),
+            "isa": model.isa().name(),
+            "use_cache": opts.use_cache,
+            "prompt_cache": a.prompt_cache.as_ref().map(|f| json!({"file": f, "reused_tokens": reused})),
+            "speculative": drafting.as_ref().map(|d| d.json(draft_stats)),
+            "timings": {
+                "load_ms": load_ms,
+                "prefill_ms": prefill_ms,
+                "prefill_tokens": t.prefill_tokens,
+                "decode_ms": decode_ms,
+                "decode_steps": t.decode_steps,
+                "decode_tokens_per_s": t.decode_tokens_per_s(),
+                "sample_ms": t.sample.as_secs_f64() * 1e3,
+                "sample_tokens": t.sample_tokens,
+                "sample_ms_per_token": t.sample_ms_per_token(),
+                "forwards": t.forwards,
+                "draft_ms": t.draft.as_secs_f64() * 1e3,
+            },
+        });
+        if a.logprobs.is_some() {
+            out["logprobs"] = serde_json::to_value(&logprobs)?;
+        }
+        drop(stdout);
+        print_json(&out)?;
+    } else {
+        writeln!(stdout)?;
+        drop(stdout);
+        if a.logprobs.is_some() {
+            errln!("[kvgpt] log-probabilities (natural log) of the generated tokens and the top alternatives:");
+            for (i, e) in logprobs.iter().enumerate() {
+                let alts: Vec<String> = e.top.iter().map(|c| format!("{:?} {:.3}", c.token, c.logprob)).collect();
+                errln!(
+                    "  {i:>3} {:>6} {:<16} {:>8.3}  | {}",
+                    e.id,
+                    format!("{:?}", e.token),
+                    e.logprob,
+                    alts.join(", ")
+                );
+            }
+        }
+    }
+    if let Some(f) = &a.prompt_cache {
+        errln!("[kvgpt] prompt cache {}: reused {reused} of {} prompt tokens", f.display(), ids.len());
+    }
+    if let (Some(d), Some(s)) = (&drafting, draft_stats) {
+        errln!(
+            "[kvgpt] draft {}: accepted {} of {} drafted tokens ({:.0}%) in {} verify steps; {} tokens in {} \
+             forward calls; drafting {:.1} ms",
+            d.name,
+            s.accepted,
+            s.drafted,
+            100.0 * s.acceptance(),
+            s.steps,
+            g.generated_ids.len(),
+            t.forwards,
+            t.draft.as_secs_f64() * 1e3
+        );
+    }
+    // Each step's figure includes choosing its token (see `Timings`); sampling is also shown alone.
+    errln!(
+        "[kvgpt] load {load_ms:.0} ms | prefill {} {prefill_ms:.1} ms ({:.0} tok/s) | decode {} \
+         {:.2} ms/token ({:.1} tok/s) | sampling {:.3} ms/token | {} | {} | {} {} {} | finish: {}",
+        count(t.prefill_tokens, "token"),
+        t.prefill_tokens as f64 / t.prefill.as_secs_f64().max(1e-9),
+        count(t.decode_steps, "token"),
+        t.decode_ms_per_token(),
+        t.decode_tokens_per_s(),
+        t.sample_ms_per_token(),
+        if opts.use_cache { "KV cache on" } else { "KV cache off (recompute)" },
+        sampler_words(&opts.sampling),
+        model.weights_dtype(),
+        count(rayon::current_num_threads(), "thread"),
+        model.isa().name(),
+        g.finish_reason.as_str(),
+    );
+    Ok(Outcome::Done)
+}
+
+pub fn tokenize(a: &Input) -> Result<Outcome> {
+    let text = read_prompt(&a.prompt)?;
+    let tok = Tokenizer::from_files(&locate(&a.model)?.tokenizer)?;
+    let ids = tok.encode(&text)?;
+    let tokens: Vec<String> = ids.iter().map(|&i| tok.token_text(i)).collect();
+    let pieces: Vec<String> = ids.iter().map(|&i| tok.piece(i)).collect();
+    if a.json {
+        print_json(&json!({ "ids": ids, "tokens": tokens, "pieces": pieces }))?;
+    } else {
+        outln!("{}", count(ids.len(), "token"));
+        for (id, p) in ids.iter().zip(&pieces) {
+            outln!("{id:>6}  {:<20} {p}", format!("{:?}", tok.token_label(*id)));
+        }
+    }
+    Ok(Outcome::Done)
 }

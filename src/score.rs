@@ -1,119 +1,128 @@
-//! Scoring a text under the model (llama.cpp's `llama-perplexity`, HF's `labels=`): each token's
-//! surprisal and rank given the tokens before it, the mean loss and the perplexity.
-//!
-//! A text longer than the window is scored in windows that overlap (HF's perplexity guide):
-//! window `w` starts at `w·stride`, holds up to `window` tokens, and scores only the tokens no
-//! earlier window scored, each given the window's tokens before it. The first token of the text
-//! has nothing before it and is not scored, as with HF's `labels=ids`.
+//! `kvgpt score`: per-token surprisal and rank, mean loss and perplexity.
 
-use crate::error::{Error, Result};
-use crate::logprobs::Distribution;
-use crate::{KvCache, Model, NoTap, Scratch};
+use crate::common::{load, print_json, read_prompt, ModelArgs, Outcome, PromptArgs};
+use anyhow::Result;
+use clap::Args;
 use serde::Serialize;
+use std::path::PathBuf;
 
-/// How one token fared.
-#[derive(Clone, Debug, Serialize)]
-pub struct TokenScore {
-    /// Its index in the text's ids.
-    pub position: usize,
-    pub id: u32,
-    /// −ln p(token | the tokens before it in its window), in nats.
-    pub surprisal: f64,
-    /// p(token | …).
-    pub prob: f64,
-    /// 1 + how many tokens the model found strictly more likely.
-    pub rank: usize,
-    /// How many tokens before it the model saw (its window's).
-    pub context: usize,
+#[derive(Args)]
+pub struct ScoreArgs {
+    /// The text to score; `-` or nothing reads standard input.
+    pub text: Option<String>,
+    /// Read the text from a file (one trailing newline is dropped).
+    #[arg(long, conflicts_with = "text")]
+    pub file: Option<PathBuf>,
+    /// Tokens per window (default: the model's context). Texts longer than it are scored in
+    /// overlapping windows.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    pub window: Option<u32>,
+    /// Tokens each window moves by (default: half the window). Each token is scored once, given
+    /// the tokens before it in the first window that scores it.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub stride: Option<u32>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
-/// A scored text.
-#[derive(Clone, Debug, Serialize)]
-pub struct Score {
-    pub tokens: Vec<TokenScore>,
-    /// The mean surprisal of the scored tokens (nats per token): HF's `loss`.
-    pub mean_loss: f64,
-    /// `exp(mean_loss)`.
-    pub perplexity: f64,
-    /// The same loss in bits per token.
-    pub bits_per_token: f64,
-    pub window: usize,
-    pub stride: usize,
-    /// How many windows ran.
-    pub windows: usize,
+/// What `score` prints, as text or as JSON.
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    dtype: &'static str,
+    ids: Vec<u32>,
+    tokens_scored: usize,
+    mean_loss: f64,
+    perplexity: f64,
+    bits_per_token: f64,
+    window: usize,
+    stride: usize,
+    windows: usize,
+    tokens: Vec<Row>,
 }
 
-/// Rows of logits computed per forward call while scoring.
-const ROWS: usize = 64;
+#[derive(Serialize)]
+struct Row {
+    position: usize,
+    id: u32,
+    token: String,
+    surprisal: f64,
+    prob: f64,
+    rank: usize,
+    context: usize,
+}
 
-/// Scores `ids` in windows of `window` tokens moving by `stride` (`0 < stride ≤ window ≤
-/// n_positions`).
-pub fn score(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result<Score> {
-    let cfg = &model.config;
-    if window < 2 || window > cfg.n_positions {
-        return Err(Error::Invalid(format!(
-            "a window of {window} tokens: it must hold 2 to {} (the model's context)",
-            cfg.n_positions
-        )));
-    }
-    if stride == 0 || stride > window {
-        return Err(Error::Invalid(format!("a stride of {stride}: it must be 1 to the window's {window} tokens")));
-    }
-    if ids.len() < 2 {
-        return Err(Error::Invalid(format!(
-            "{} token(s) to score: the first token has nothing before it, so at least 2 are needed",
-            ids.len()
-        )));
-    }
-    let v = cfg.vocab_size;
-    let mut cache = KvCache::with_capacity(cfg, window);
-    let mut scratch = Scratch::new(cfg, ROWS);
-    let mut logits = vec![0.0f32; ROWS * v];
-    let (mut tokens, mut scored_to, mut windows) = (Vec::with_capacity(ids.len() - 1), 1, 0);
-    let mut begin = 0;
-    loop {
-        let end = (begin + window).min(ids.len());
-        // Tokens scored_to..end, each predicted from the row before it: rows first-1..end-1.
-        let first = scored_to.max(begin + 1);
-        cache.reset();
-        if first - 1 > begin {
-            model.run(&ids[begin..first - 1], &mut cache, &mut scratch, &mut [])?;
-            // context only
-        }
-        let mut row = first - 1;
-        while row < end - 1 {
-            let n = ROWS.min(end - 1 - row);
-            let out = &mut logits[..n * v];
-            model.forward(&ids[row..row + n], &mut cache, &mut scratch, &mut NoTap, out)?;
-            for (j, l) in out.chunks_exact(v).enumerate() {
-                let position = row + j + 1;
-                tokens.push(token_score(l, ids[position], position, position - begin));
-            }
-            row += n;
-        }
-        windows += 1;
-        scored_to = end;
-        if end == ids.len() {
-            break;
-        }
-        begin += stride;
-    }
-    let mean_loss = tokens.iter().map(|t| t.surprisal).sum::<f64>() / tokens.len() as f64;
-    Ok(Score {
+pub fn run(a: &ScoreArgs) -> Result<Outcome> {
+    let text = read_prompt(&PromptArgs { prompt: a.text.clone(), prompt_file: a.file.clone() })?;
+    let loaded = load(&a.model)?;
+    let ids = loaded.tokenizer.encode(&text)?;
+    let n = loaded.model.config.n_positions;
+    let window = a.window.map_or(n, |w| w as usize);
+    let stride = a.stride.map_or((window / 2).max(1), |s| s as usize);
+    let s = kvgpt_views::score::score(&loaded.model, &ids, window, stride)?;
+    let tokens = s
+        .tokens
+        .iter()
+        .map(|t| Row {
+            position: t.position,
+            id: t.id,
+            token: loaded.tokenizer.token_label(t.id),
+            surprisal: t.surprisal,
+            prob: t.prob,
+            rank: t.rank,
+            context: t.context,
+        })
+        .collect::<Vec<_>>();
+    let r = Report {
+        model: a.model.model.clone(),
+        dtype: loaded.model.weights_dtype(),
+        tokens_scored: tokens.len(),
+        ids,
+        mean_loss: s.mean_loss,
+        perplexity: s.perplexity,
+        bits_per_token: s.bits_per_token,
+        window: s.window,
+        stride: s.stride,
+        windows: s.windows,
         tokens,
-        mean_loss,
-        perplexity: mean_loss.exp(),
-        bits_per_token: mean_loss / std::f64::consts::LN_2,
-        window,
-        stride,
-        windows,
-    })
+    };
+    if a.json {
+        print_json(&serde_json::to_value(&r)?)?;
+    } else {
+        print_text(&r)?;
+    }
+    Ok(Outcome::Done)
 }
 
-/// The surprisal, probability and rank of `id` under one row of logits (log-softmax in f64).
-pub fn token_score(logits: &[f32], id: u32, position: usize, context: usize) -> TokenScore {
-    let target = logits[id as usize];
-    let surprisal = -Distribution::of(logits).logprob(target);
-    let rank = 1 + logits.iter().filter(|&&x| x > target).count();
-    TokenScore { position, id, surprisal, prob: (-surprisal).exp(), rank, context }
+fn print_text(r: &Report) -> Result<()> {
+    let w = if r.windows == 1 { "1 window".to_string() } else { format!("{} windows", r.windows) };
+    outln!(
+        "{} tokens, {} scored (the first has nothing before it), window {}, stride {}: {w}",
+        r.ids.len(),
+        r.tokens_scored,
+        r.window,
+        r.stride
+    );
+    outln!("{:>5}  {:<20} {:>10} {:>9} {:>7} {:>8}", "pos", "token", "surprisal", "prob", "rank", "context");
+    for t in &r.tokens {
+        outln!(
+            "{:>5}  {:<20} {:>10.3} {:>9} {:>7} {:>8}",
+            t.position,
+            format!("{:?}", t.token),
+            t.surprisal,
+            kvgpt_views::render::prob(t.prob),
+            t.rank,
+            t.context
+        );
+    }
+    outln!(
+        "mean loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/token",
+        r.mean_loss,
+        r.perplexity,
+        r.bits_per_token
+    );
+    Ok(())
 }

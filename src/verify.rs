@@ -1,176 +1,138 @@
-//! Side-by-side checks: cached decode against uncached recomputation, and the engine's logits
-//! against golden logits from a file.
+//! `kvgpt verify cache` and `kvgpt verify reference`.
 
-use crate::error::{Error, Result};
-use crate::kv_cache::KvCache;
-use crate::logprobs::kl_divergence;
-use crate::model::{Model, Scratch, CHUNK_ROWS};
-use crate::sampler::{argmax, Sampling};
-use crate::sequence::Sequence;
+use crate::common::Input as Common;
+use crate::common::{load, print_json, prompt_ids, read_prompt, ModelArgs, Outcome};
+use anyhow::Result;
+use clap::Subcommand;
+use kvgpt_views::verify::{against_reference, cache_vs_recompute, Comparison};
+use serde_json::json;
+use std::path::PathBuf;
 
-/// How two runs of logits compare, row by row (decode steps or prompt positions).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Comparison {
-    /// Rows compared.
-    pub steps: usize,
-    pub max_abs_diff: f32,
-    /// Fraction of rows whose argmax agrees.
-    pub top1_agreement: f64,
-    /// Mean KL(reference ‖ engine) over rows, in nats.
-    pub mean_kl: f64,
-    /// The first row whose max |Δ| exceeds the tolerance.
-    pub first_divergent_step: Option<usize>,
+#[derive(Subcommand)]
+pub enum VerifyCmd {
+    /// Greedy decode with the KV cache and, at every step, recompute the sequence without it;
+    /// compare the logits. Exits 1 when they differ by more than the tolerance.
+    Cache {
+        #[command(flatten)]
+        c: Common,
+        /// Decode steps to compare.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+        steps: u32,
+        /// Largest |Δlogit| accepted (default 0: the engine's cached and uncached logits are the same bits).
+        #[arg(long, default_value_t = 0.0)]
+        tolerance: f32,
+    },
+    /// Compare the engine's logits for the prompt with golden logits ([T, vocab], or the last R rows).
+    /// Exits 1 when they differ by more than the tolerance.
+    Reference {
+        #[command(flatten)]
+        c: Common,
+        /// A .npy file, or a .safetensors file (name the tensor with --tensor if it holds several).
+        #[arg(long, value_name = "FILE")]
+        logits: PathBuf,
+        /// The tensor to read from a safetensors file.
+        #[arg(long)]
+        tensor: Option<String>,
+        /// Largest |Δlogit| accepted.
+        #[arg(long, default_value_t = 1e-4)]
+        tolerance: f32,
+    },
 }
 
-impl Comparison {
-    /// Whether every row stayed within the tolerance.
-    pub fn passes(&self) -> bool {
-        self.first_divergent_step.is_none()
-    }
-}
-
-/// Accumulates row comparisons.
-struct Compare {
-    tolerance: f32,
-    c: Comparison,
-    agree: usize,
-    kl: f64,
-}
-
-impl Compare {
-    fn new(tolerance: f32) -> Compare {
-        let c =
-            Comparison { steps: 0, max_abs_diff: 0.0, top1_agreement: 1.0, mean_kl: 0.0, first_divergent_step: None };
-        Compare { tolerance, c, agree: 0, kl: 0.0 }
-    }
-
-    /// Compares the engine's row against the reference row.
-    fn row(&mut self, reference: &[f32], got: &[f32]) {
-        let d = reference.iter().zip(got).map(|(a, b)| (a - b).abs()).fold(0.0f32, |m, x| {
-            if x.is_nan() {
-                f32::INFINITY
-            } else {
-                m.max(x)
-            }
-        });
-        if d > self.tolerance && self.c.first_divergent_step.is_none() {
-            self.c.first_divergent_step = Some(self.c.steps);
+impl VerifyCmd {
+    fn common(&self) -> &Common {
+        match self {
+            VerifyCmd::Cache { c, .. } | VerifyCmd::Reference { c, .. } => c,
         }
-        self.c.max_abs_diff = self.c.max_abs_diff.max(d);
-        self.agree += (argmax(reference) == argmax(got)) as usize;
-        self.kl += kl_divergence(reference, got);
-        self.c.steps += 1;
     }
 
-    fn finish(mut self) -> Comparison {
-        if self.c.steps > 0 {
-            self.c.top1_agreement = self.agree as f64 / self.c.steps as f64;
-            self.c.mean_kl = self.kl / self.c.steps as f64;
-        }
-        self.c
+    pub fn model_args(&self) -> &ModelArgs {
+        &self.common().model
     }
 }
 
-/// Greedy decode of `steps` tokens with the cache, and at every step the same sequence
-/// recomputed from scratch without it; compares the two logit rows (reference: uncached).
-///
-/// `tamper` is called with the cache before every decode step (step numbers from 1); the CLI
-/// passes a no-op, tests use it to corrupt the cache on purpose.
-pub fn cache_vs_recompute(
-    model: &Model,
-    prompt_ids: &[u32],
-    steps: usize,
-    tolerance: f32,
-    tamper: &mut dyn FnMut(&mut KvCache, usize),
-) -> Result<Comparison> {
-    let greedy = Sampling::GREEDY;
-    let mut cached = Sequence::new(model, prompt_ids, steps, greedy)?;
-    let mut fresh = Sequence::new(model, prompt_ids, steps, greedy)?;
-    let cfg = &model.config;
-    let total = prompt_ids.len() + steps;
-    let (mut s1, mut s2) =
-        (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, total.min(CHUNK_ROWS)));
-    let mut cmp = Compare::new(tolerance);
-    for step in 0..steps {
-        if step > 0 {
-            tamper(cached.cache_mut(), step);
+pub fn run(cmd: VerifyCmd) -> Result<Outcome> {
+    let c = cmd.common();
+    if let VerifyCmd::Reference { logits, .. } = &cmd {
+        if logits.is_dir() {
+            anyhow::bail!("--logits {}: is a directory; pass the .npy or .safetensors file", logits.display());
         }
-        cached.feed(model, &mut s1)?;
-        fresh.forget_cache();
-        fresh.feed(model, &mut s2)?;
-        cmp.row(fresh.logits(), cached.logits());
-        fresh.push(cached.sample())?;
+        if !logits.is_file() {
+            anyhow::bail!("--logits {}: no such file", logits.display());
+        }
     }
-    Ok(cmp.finish())
-}
-
-/// The engine's logits for `ids` (every position) against `reference` (`[R, V]` for the last R
-/// positions, R ≤ T).
-pub fn against_reference(
-    model: &Model,
-    ids: &[u32],
-    shape: &[usize],
-    reference: &[f32],
-    tolerance: f32,
-) -> Result<Comparison> {
-    let cfg = &model.config;
-    let v = cfg.vocab_size;
-    // [V] (one row), [R, V], or with leading dimensions of 1 (HF's batch): [1, R, V].
-    let rows = match shape {
-        [last] if *last == v => 1,
-        [lead @ .., r, last] if *last == v && lead.iter().all(|&d| d == 1) => *r,
-        _ => 0,
+    let tolerance = match &cmd {
+        VerifyCmd::Cache { tolerance, .. } | VerifyCmd::Reference { tolerance, .. } => *tolerance,
     };
-    if rows == 0 || rows > ids.len() || reference.len() != rows * v {
-        let hint = match shape {
-            [.., a, b] if *a == v && *b != v => " (the vocabulary comes first: transposed?)",
-            _ => "",
-        };
-        return Err(Error::Invalid(format!(
-            "the reference has shape {shape:?}{hint}; expected [{v}], [R, {v}] or [1, R, {v}] logits with R between \
-             1 and the prompt's {} tokens",
-            ids.len()
-        )));
+    if !(tolerance >= 0.0 && tolerance.is_finite()) {
+        anyhow::bail!("--tolerance must be a number >= 0, got {tolerance}");
     }
-    if let Some(i) = reference.iter().position(|x| !x.is_finite()) {
-        return Err(Error::Invalid(format!(
-            "the reference holds {} at row {}, column {}; a reference must be finite",
-            reference[i],
-            i / v,
-            i % v
-        )));
-    }
-    let rows = reference.len() / v;
-    let mut logits = vec![0.0f32; rows * v];
-    model.run(ids, &mut KvCache::new(cfg), &mut Scratch::new(cfg, ids.len().min(CHUNK_ROWS)), &mut logits)?;
-    let mut cmp = Compare::new(tolerance);
-    for (r, g) in reference.chunks_exact(v).zip(logits.chunks_exact(v)) {
-        cmp.row(r, g);
-    }
-    Ok(cmp.finish())
+    let text = read_prompt(&c.prompt)?;
+    let loaded = load(&c.model)?;
+    let ids = prompt_ids(&loaded, &text)?;
+    let (what, cmp) = match &cmd {
+        VerifyCmd::Cache { steps, .. } => (
+            "cached vs uncached decode",
+            cache_vs_recompute(&loaded.model, &ids, *steps as usize, tolerance, &mut |_, _| {})?,
+        ),
+        VerifyCmd::Reference { logits, tensor, .. } => {
+            let (shape, data) = kvgpt_core::export::read(logits, tensor.as_deref())?;
+            ("engine vs reference logits", against_reference(&loaded.model, &ids, &shape, &data, tolerance)?)
+        }
+    };
+    report(c.json, what, &cmp, tolerance)?;
+    Ok(if cmp.passes() { Outcome::Done } else { Outcome::CheckFailed })
 }
 
-/// Greedy decode of `steps` tokens with `reference` (cached); at every step `model` gets the same
-/// tokens (cached too) and its logits are compared with the reference's. Used to measure what a
-/// weight type (f16, bf16, int8) costs against f32.
-pub fn against_model(
-    reference: &Model,
-    model: &Model,
-    prompt_ids: &[u32],
-    steps: usize,
-    tolerance: f32,
-) -> Result<Comparison> {
-    let cfg = &reference.config;
-    let mut seq_ref = Sequence::new(reference, prompt_ids, steps, Sampling::GREEDY)?;
-    let mut seq = Sequence::new(model, prompt_ids, steps, Sampling::GREEDY)?;
-    let (mut s1, mut s2) =
-        (Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)), Scratch::new(cfg, prompt_ids.len().min(CHUNK_ROWS)));
-    let mut cmp = Compare::new(tolerance);
-    for _ in 0..steps {
-        seq_ref.feed(reference, &mut s1)?;
-        seq.feed(model, &mut s2)?;
-        cmp.row(seq_ref.logits(), seq.logits());
-        seq.push(seq_ref.sample())?;
+fn report(as_json: bool, what: &str, c: &Comparison, tolerance: f32) -> Result<()> {
+    if as_json {
+        print_json(&json!({
+            "steps": c.steps,
+            "max_abs_diff": c.max_abs_diff,
+            "top1_agreement": c.top1_agreement,
+            "mean_kl": c.mean_kl,
+            "first_divergent_step": c.first_divergent_step,
+            "tolerance": tolerance,
+            "pass": c.passes(),
+        }))?;
+    } else {
+        let bits = if c.max_abs_diff == 0.0 { " (the same bits)" } else { "" };
+        outln!("{what}: {} rows compared", c.steps);
+        outln!("  max |Δlogit|         {}{bits}", number(c.max_abs_diff as f64));
+        outln!("  top-1 agreement      {:.2}%", c.top1_agreement * 100.0);
+        outln!("  mean KL              {} nats", number(c.mean_kl));
+        match c.first_divergent_step {
+            None => outln!("  first divergent row  none"),
+            Some(s) => outln!("  first divergent row  {s}"),
+        }
+        if c.passes() {
+            outln!("PASS: max |Δlogit| {} ≤ tolerance {}", number(c.max_abs_diff as f64), number(tolerance as f64));
+        } else {
+            outln!("FAIL: max |Δlogit| {} > tolerance {}", number(c.max_abs_diff as f64), number(tolerance as f64));
+        }
     }
-    Ok(cmp.finish())
+    if !c.passes() {
+        errln!(
+            "error: the logits differ by {}, more than the tolerance {}",
+            number(c.max_abs_diff as f64),
+            number(tolerance as f64)
+        );
+    }
+    Ok(())
+}
+
+/// A number as people read it: 0 as 0, plain decimals from 0.001 to 10⁶ (four significant
+/// digits), scientific notation with three outside them.
+pub fn number(x: f64) -> String {
+    let a = x.abs();
+    if x == 0.0 {
+        "0".into()
+    } else if !x.is_finite() {
+        format!("{x}")
+    } else if (1e-3..1e6).contains(&a) {
+        let decimals = (3 - a.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x:.2e}")
+    }
 }

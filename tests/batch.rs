@@ -6,10 +6,10 @@
 mod common;
 
 use common::*;
-use kvgpt::engine::{self, EngineConfig, EngineHandle, Event, Events, NoMonitor, Request, SubmitError};
-use kvgpt::logprobs::TokenLogprob;
-use kvgpt::prefix_cache::PrefixCache;
-use kvgpt::{generate, GenerateOptions, Model, Sampling, Scratch, Sequence};
+use kvgpt_core::engine::{self, EngineConfig, EngineHandle, Event, Events, NoMonitor, Request, SubmitError};
+use kvgpt_core::logprobs::TokenLogprob;
+use kvgpt_core::prefix_cache::PrefixCache;
+use kvgpt_core::{generate, GenerateOptions, Model, Sampling, Scratch, Sequence};
 use std::sync::Arc;
 
 const TOL: f32 = 1e-4;
@@ -74,13 +74,13 @@ fn batched_sequences_get_the_bits_they_get_alone() {
     let cases = cases(&reference, v);
     // f32, anchored to HF; and W8A8, whose activations are quantized per row, so its rows are
     // just as independent of their batch.
-    let types = [kvgpt::WeightType::F32, kvgpt::WeightType::W8A8];
+    let types = [kvgpt_core::WeightType::F32, kvgpt_core::WeightType::W8A8];
     for (ty, isa) in types.into_iter().flat_map(|ty| kvgpt_kernels::Isa::available().into_iter().map(move |i| (ty, i)))
     {
         let model = Model::load_as(&loaded.files.config, &loaded.files.weights, ty).unwrap().with_isa(isa);
         let solo: Vec<_> = cases.iter().map(|c| alone(&model, c)).collect();
         for (c, (ids, steps)) in cases.iter().zip(&solo) {
-            if ty != kvgpt::WeightType::F32 {
+            if ty != kvgpt_core::WeightType::F32 {
                 continue;
             }
             if let Some(g) = &c.greedy {
@@ -161,7 +161,7 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
         [(p2.ids[..20].to_vec(), 19), (p2.ids[..60].to_vec(), 59), (p2.ids[..88].to_vec(), 60), (diverged, 30)]
     {
         let mut warm = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
-        let kvgpt::prefix_cache::Lookup { len, spans, hold, .. } = cache.lookup(warm.ids());
+        let kvgpt_core::prefix_cache::Lookup { len, spans, hold, .. } = cache.lookup(warm.ids());
         assert_eq!(len, want_hit, "reuse stops at the first differing token, and before the last");
         for span in spans {
             warm.restore(span, 0, span.len).unwrap();
@@ -175,7 +175,7 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
             assert_close("warm logits vs HF", warm.logits(), &hf_last, TOL);
         }
         for l in 0..model.config.n_layer {
-            for part in [kvgpt::KvPart::K, kvgpt::KvPart::V] {
+            for part in [kvgpt_core::KvPart::K, kvgpt_core::KvPart::V] {
                 assert_eq!(bits(&warm.cache().gather(l, part)), bits(&cold.cache().gather(l, part)));
             }
         }
@@ -191,7 +191,8 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
 
 /// An engine thread over `model`: its handle and its thread.
 fn engine(model: &Arc<Model>, cfg: EngineConfig) -> (EngineHandle, std::thread::JoinHandle<()>) {
-    engine::spawn(model.clone(), EngineConfig { max_queue: 64, ..cfg }, Box::new(NoMonitor), None).unwrap()
+    let s = engine::spawn(model.clone(), EngineConfig { max_queue: 64, ..cfg }, Box::new(NoMonitor), None).unwrap();
+    (s.handle, s.thread)
 }
 
 /// (ids, logprob bits, cached tokens) of one request's answer.
@@ -251,9 +252,19 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
     for sampling in [Sampling::GREEDY, sampled] {
         // The single-sequence path: `generate`, for ids and the logprobs' source.
         let opts = GenerateOptions { max_new_tokens: 12, sampling, stop_at_eos: false, use_cache: true };
-        let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap().generated_ids;
+        let want = generate(&model, &question(0), &opts, &mut |_, _| Ok(kvgpt_core::Step::Go)).unwrap().generated_ids;
         let start = |cache_bytes| {
-            engine(&model, EngineConfig { parallel: 8, batch_tokens: 32, cache_bytes, max_queue: 0, draft: None })
+            engine(
+                &model,
+                EngineConfig {
+                    parallel: 8,
+                    batch_tokens: 32,
+                    cache_bytes,
+                    max_queue: 0,
+                    draft: None,
+                    kv_event_block_size: None,
+                },
+            )
         };
         let (engine, thread) = start(16 << 20);
         let cold = answer(submit(&engine, &question(0), 12, sampling));
@@ -280,7 +291,14 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
     // And the engine against HF: every reference prompt's greedy ids, cold and then warm, all at once.
     let (tx, thread) = engine(
         &model,
-        EngineConfig { parallel: 16, batch_tokens: 64, cache_bytes: 16 << 20, max_queue: 0, draft: None },
+        EngineConfig {
+            parallel: 16,
+            batch_tokens: 64,
+            cache_bytes: 16 << 20,
+            max_queue: 0,
+            draft: None,
+            kv_event_block_size: None,
+        },
     );
     let prompts = reference.prompts();
     let rxs: Vec<_> =
@@ -308,7 +326,17 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
     };
     let sampling = Sampling { temperature: 0.7, seed: 9, ..Sampling::GREEDY };
     let spawn = |cache_bytes| {
-        engine(&model, EngineConfig { parallel: 8, batch_tokens: 16, cache_bytes, max_queue: 0, draft: None })
+        engine(
+            &model,
+            EngineConfig {
+                parallel: 8,
+                batch_tokens: 16,
+                cache_bytes,
+                max_queue: 0,
+                draft: None,
+                kv_event_block_size: None,
+            },
+        )
     };
     let (engine, thread) = spawn(16 << 20);
     let rxs: Vec<_> = (0..6).map(|i| submit(&engine, &prompt(i), 10, sampling)).collect();
@@ -335,8 +363,15 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
 fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
     let loaded = load_fixture();
     let model = Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
-    let cfg = EngineConfig { parallel: 1, batch_tokens: 16, cache_bytes: 0, max_queue: 1, draft: None };
-    let (h, thread) = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
+    let cfg = EngineConfig {
+        parallel: 1,
+        batch_tokens: 16,
+        cache_bytes: 0,
+        max_queue: 1,
+        draft: None,
+        kv_event_block_size: None,
+    };
+    let engine::Spawned { handle: h, thread, .. } = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
     let req = Request {
         prompt: vec![464, 3797],
         max_new_tokens: 4,

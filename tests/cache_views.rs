@@ -145,9 +145,9 @@ fn the_cache_grid_scores_and_weights_match_hugging_face() {
     let out =
         kvgpt(&["inspect", "cache", &p.text, "--model", &model(), "--prefill", "3", "--export", f.to_str().unwrap()]);
     assert!(out.status.success());
-    let (shape, k) = kvgpt::export::read(&f, Some("k")).unwrap();
+    let (shape, k) = kvgpt_core::export::read(&f, Some("k")).unwrap();
     assert_eq!(shape, vec![2, 4, t, 16]);
-    let v = kvgpt::export::read(&f, Some("v")).unwrap().1;
+    let v = kvgpt_core::export::read(&f, Some("v")).unwrap().1;
     let n = 4 * t * 16;
     for l in 0..2 {
         assert_close("k", &k[l * n..(l + 1) * n], &r.tensor(&format!("p1.k.{l}")).unwrap().1, 1e-4);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{Model, WeightType};
+use kvgpt_core::{Model, WeightType};
 
 #[test]
 fn sixteen_bit_and_int8_weights_track_f32() {
@@ -27,14 +27,14 @@ fn sixteen_bit_and_int8_weights_track_f32() {
         let model = Model::load_as(&files.config, &files.weights, ty).unwrap();
         let (mut agree, mut kl, mut n, mut worst) = (0.0, 0.0, 0usize, 0.0f32);
         for p in prompts.iter().filter(|p| p.ids.len() + 40 <= 128) {
-            let c = kvgpt::verify::against_model(&loaded.model, &model, &p.ids, 40, f32::INFINITY).unwrap();
+            let c = kvgpt_views::verify::against_model(&loaded.model, &model, &p.ids, 40, f32::INFINITY).unwrap();
             agree += c.top1_agreement * c.steps as f64;
             kl += c.mean_kl * c.steps as f64;
             n += c.steps;
             worst = worst.max(c.max_abs_diff);
         }
         // Cached and uncached decoding stay bit-identical whatever the storage type.
-        let cached = kvgpt::verify::cache_vs_recompute(&model, &prompts[1].ids, 20, 0.0, &mut |_, _| {}).unwrap();
+        let cached = kvgpt_views::verify::cache_vs_recompute(&model, &prompts[1].ids, 20, 0.0, &mut |_, _| {}).unwrap();
         assert!(cached.passes() && cached.max_abs_diff == 0.0, "{} cached vs uncached: {cached:?}", ty.name());
         let (agree, kl) = (agree / n as f64, kl / n as f64);
         println!(

@@ -5,12 +5,12 @@
 mod common;
 
 use common::*;
-use kvgpt::{Model, WeightType};
+use kvgpt_core::{Model, WeightType};
 use std::process::Command;
 
-fn load(path: &std::path::Path, ty: WeightType) -> kvgpt::Loaded {
-    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
-    kvgpt::load_as(&files, ty).unwrap()
+fn load(path: &std::path::Path, ty: WeightType) -> kvgpt_core::Loaded {
+    let files = kvgpt_core::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    kvgpt_core::load_as(&files, ty).unwrap()
 }
 
 #[test]
@@ -25,7 +25,7 @@ fn f32_gguf_gives_the_safetensors_bits_and_hf_ids() {
         assert_eq!(bits(&all_logits(&g.model, &p.ids)), bits(&all_logits(&st.model, &p.ids)), "{}", p.key);
         assert_eq!(g.tokenizer.decode(&p.greedy_ids), p.greedy_text);
     }
-    assert_eq!(kvgpt::prompt_file::fingerprint(&g.model), kvgpt::prompt_file::fingerprint(&st.model));
+    assert_eq!(kvgpt_core::prompt_file::fingerprint(&g.model), kvgpt_core::prompt_file::fingerprint(&st.model));
 }
 
 #[test]
@@ -113,8 +113,8 @@ fn open_error(bytes: &[u8], name: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(name);
     std::fs::write(&path, bytes).unwrap();
-    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
-    let err = kvgpt::load_as(&files, WeightType::F32).err().expect("refused").to_string();
+    let files = kvgpt_core::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    let err = kvgpt_core::load_as(&files, WeightType::F32).err().expect("refused").to_string();
     assert!(!err.contains("safetensors file"), "a GGUF is not called a safetensors file: {err}");
     err
 }
@@ -138,8 +138,8 @@ fn bad_ggufs_are_named_as_ggufs_with_their_type_and_architecture() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.gguf");
     for spec in [missing.to_str().unwrap(), "nope.gguf"] {
-        match kvgpt::Locate::from_env(true).resolve(spec) {
-            Err(kvgpt::Error::MissingFile { path, .. }) => assert_eq!(path, std::path::Path::new(spec)),
+        match kvgpt_core::Locate::from_env(true).resolve(spec) {
+            Err(kvgpt_core::Error::MissingFile { path, .. }) => assert_eq!(path, std::path::Path::new(spec)),
             other => panic!("{spec}: {:?}", other.err().map(|e| e.to_string())),
         }
     }

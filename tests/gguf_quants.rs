@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{Model, WeightType};
+use kvgpt_core::{Model, WeightType};
 use std::process::Command;
 
 const TYPES: [(&str, WeightType); 5] = [
@@ -19,8 +19,8 @@ const TYPES: [(&str, WeightType); 5] = [
 ];
 
 fn load(path: &std::path::Path, ty: Option<WeightType>) -> Model {
-    let files = kvgpt::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
-    kvgpt::load_holding(&files, ty).unwrap().model
+    let files = kvgpt_core::Locate::from_env(true).resolve(path.to_str().unwrap()).unwrap();
+    kvgpt_core::load_holding(&files, ty).unwrap().model
 }
 
 #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{Locate, TokenizerFiles};
+use kvgpt_core::{Locate, TokenizerFiles};
 
 /// An HF cache folder holding the fixture as `org/name` at some revision.
 fn fake_cache(repo: &str) -> tempfile::TempDir {
@@ -27,7 +27,7 @@ fn hub_ids_resolve_from_the_cache_offline() {
     let loc = Locate { offline: true, ..Locate::new(cache.path()) };
     let files = loc.resolve("someone/tiny-gpt2").unwrap();
     assert!(matches!(files.tokenizer, TokenizerFiles::Json(_)));
-    let loaded = kvgpt::load(&files).unwrap();
+    let loaded = kvgpt_core::load(&files).unwrap();
     let p = &Reference::load().prompts()[0];
     assert_eq!(loaded.tokenizer.encode(&p.text).unwrap(), p.ids);
     let err = loc.resolve("someone/other-model").unwrap_err().to_string();

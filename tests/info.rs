@@ -4,13 +4,13 @@
 mod common;
 
 use common::*;
-use kvgpt::{KvCache, Model, WeightType};
+use kvgpt_core::{KvCache, Model, WeightType};
 use std::process::Command;
 
 #[test]
 fn info_counts_what_loading_holds() {
-    let files = kvgpt::hub::local_folder(&fixture_dir()).unwrap();
-    let info = kvgpt::info::describe(&files).unwrap();
+    let files = kvgpt_core::hub::local_folder(&fixture_dir()).unwrap();
+    let info = kvgpt_views::info::describe(&files).unwrap();
     // Every tensor of the file, counted by the safetensors crate (the fixture has no mask buffers
     // and no lm_head: wte is tied).
     let bytes = std::fs::read(&files.weights).unwrap();

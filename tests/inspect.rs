@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
-use kvgpt::inspect::{trace, TraceSpec};
-use kvgpt::{KvCache, Point, Recorder, Scratch};
+use kvgpt_core::{KvCache, Point, Recorder, Scratch};
+use kvgpt_views::inspect::{trace, TraceSpec};
 use serde_json::Value;
 use std::process::{Command, Output};
 
@@ -36,7 +36,7 @@ fn floats(v: &Value) -> Vec<f32> {
 }
 
 /// The attention of `ids` computed by one cache-off forward over the whole sequence.
-fn cache_off_attention(model: &kvgpt::Model, ids: &[u32], layer: usize) -> Vec<f32> {
+fn cache_off_attention(model: &kvgpt_core::Model, ids: &[u32], layer: usize) -> Vec<f32> {
     let cfg = &model.config;
     let mut rec = Recorder::only(|p| matches!(p, Point::AttnProbs(_)));
     let mut logits = vec![0.0; cfg.vocab_size];
@@ -131,7 +131,7 @@ fn logits_top_k_and_the_logit_lens_match_the_reference() {
     for (pos, view) in all.as_array().unwrap().iter().enumerate() {
         assert_eq!(view["position"], pos);
         let row = &want[pos * 50257..(pos + 1) * 50257];
-        let best = kvgpt::sampler::argmax(row);
+        let best = kvgpt_core::sampler::argmax(row);
         assert_eq!(view["top"][0]["id"], best);
         assert!((view["top"][0]["logit"].as_f64().unwrap() - row[best as usize] as f64).abs() < 1e-4);
         // The prompt's actual next token: its probability and rank under HF's logits.
@@ -151,7 +151,7 @@ fn logits_top_k_and_the_logit_lens_match_the_reference() {
 }
 
 fn read_export(path: &std::path::Path, name: &str) -> (Vec<usize>, Vec<f32>) {
-    kvgpt::export::read(path, Some(name)).unwrap()
+    kvgpt_core::export::read(path, Some(name)).unwrap()
 }
 
 #[test]
@@ -184,7 +184,7 @@ fn exports_hold_hidden_states_kv_attention_and_logits() {
 
     let f = dir.path().join("attn.npy");
     json_of(&["inspect", "attention", &p.text, "--model", &m, "--json", "--export", f.to_str().unwrap()]);
-    let (shape, att) = kvgpt::export::read(&f, None).unwrap();
+    let (shape, att) = kvgpt_core::export::read(&f, None).unwrap();
     assert_eq!(shape, vec![2, 4, t, t]);
     assert_close("attn.1 (npy)", &att[4 * t * t..], &want("attn.1"), TOL);
 
@@ -244,7 +244,7 @@ fn verify_cache_reports_zero_divergence_and_catches_a_corrupted_cache() {
     // A corrupted cache: one K value of layer 0 changed before decode step 3.
     let loaded = load_fixture();
     let ids = &Reference::load().prompts()[1].ids;
-    let report = kvgpt::verify::cache_vs_recompute(&loaded.model, ids, 10, 0.0, &mut |cache, step| {
+    let report = kvgpt_views::verify::cache_vs_recompute(&loaded.model, ids, 10, 0.0, &mut |cache, step| {
         if step == 3 {
             cache.layer_mut(0).k[5] += 1.0;
         }

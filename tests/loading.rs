@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use half::{bf16, f16};
-use kvgpt::{hub, Error, KvCache, Model, NoTap, Scratch};
+use kvgpt_core::{hub, Error, KvCache, Model, NoTap, Scratch};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
@@ -39,7 +39,7 @@ fn variant(tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) -> tempfile::TempDi
 }
 
 fn logits_of(dir: &Path, ids: &[u32]) -> Vec<f32> {
-    let loaded = kvgpt::load(&hub::local_folder(dir).unwrap()).unwrap();
+    let loaded = kvgpt_core::load(&hub::local_folder(dir).unwrap()).unwrap();
     let cfg = &loaded.model.config;
     let mut logits = vec![0.0; ids.len() * cfg.vocab_size];
     let mut cache = KvCache::new(cfg);
@@ -87,7 +87,7 @@ fn sixteen_bit_checkpoints_load_exactly_and_match_within_rounding() {
         let logits = logits_of(dir.path(), &p1.ids);
         let d = assert_close(&format!("{dtype:?} logits"), &logits, &want, tol);
         println!("{dtype:?}: max |Δlogit| vs f32 reference = {d:.3e} (tolerance {tol})");
-        let greedy = |l: &[f32]| kvgpt::sampler::argmax(&l[l.len() - 50257..]);
+        let greedy = |l: &[f32]| kvgpt_core::sampler::argmax(&l[l.len() - 50257..]);
         assert_eq!(greedy(&logits), p1.top5_ids[0], "{dtype:?} top-1");
     }
 }
@@ -118,7 +118,7 @@ fn prefixless_layout_with_mask_buffers_and_lm_head_matches() {
 
 /// The error a folder with `tensors` and the fixture's side files gives, as text.
 fn load_error(dir: &Path) -> String {
-    match hub::local_folder(dir).and_then(|f| kvgpt::load(&f)) {
+    match hub::local_folder(dir).and_then(|f| kvgpt_core::load(&f)) {
         Ok(_) => panic!("{} loaded but should not", dir.display()),
         Err(e) => e.to_string(),
     }
@@ -148,7 +148,7 @@ fn missing_files_are_named() {
 fn vocab_and_merges_work_without_tokenizer_json() {
     let dir = variant(&fixture_tensors());
     std::fs::remove_file(dir.path().join("tokenizer.json")).unwrap();
-    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    let loaded = kvgpt_core::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
     for p in Reference::load().prompts() {
         assert_eq!(loaded.tokenizer.encode(&p.text).unwrap(), p.ids, "{}", p.key);
     }
@@ -236,7 +236,7 @@ fn unsupported_configs_name_the_key() {
     cfg["torch_dtype"] = "float32".into();
     cfg["something_new"] = 1.into();
     std::fs::write(&path, cfg.to_string()).unwrap();
-    assert!(kvgpt::load(&hub::local_folder(dir.path()).unwrap()).is_ok());
+    assert!(kvgpt_core::load(&hub::local_folder(dir.path()).unwrap()).is_ok());
 }
 
 #[test]
@@ -267,13 +267,14 @@ fn tokenizer_vocabulary_must_match_the_model() {
 fn context_overflow_is_an_error_before_any_work() {
     let loaded = load_fixture();
     let ids = vec![464u32; 100];
-    let opts = kvgpt::GenerateOptions { max_new_tokens: 30, ..Default::default() };
-    let err = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| panic!("no token may be produced")).unwrap_err();
+    let opts = kvgpt_core::GenerateOptions { max_new_tokens: 30, ..Default::default() };
+    let err =
+        kvgpt_core::generate(&loaded.model, &ids, &opts, &mut |_, _| panic!("no token may be produced")).unwrap_err();
     assert!(matches!(err, Error::ContextOverflow { prompt: 100, new: 30, n_positions: 128, room: 29 }));
     assert_mentions(&err.to_string(), &["prompt of 100 tokens + 30 new tokens exceeds the model's 128 positions"]);
     // 29 fit: the last new token is sampled, never fed, so 100 + 28 positions are run.
-    let opts = kvgpt::GenerateOptions { max_new_tokens: 29, stop_at_eos: false, ..Default::default() };
-    let g = kvgpt::generate(&loaded.model, &ids, &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap();
+    let opts = kvgpt_core::GenerateOptions { max_new_tokens: 29, stop_at_eos: false, ..Default::default() };
+    let g = kvgpt_core::generate(&loaded.model, &ids, &opts, &mut |_, _| Ok(kvgpt_core::Step::Go)).unwrap();
     assert_eq!(g.generated_ids.len(), 29);
     // The cache refuses positions past its capacity with a typed error.
     let cfg = &loaded.model.config;
@@ -316,7 +317,7 @@ fn config_sizes_are_checked_against_the_header_before_allocating() {
     o.remove("eos_token_id");
     o.remove("bos_token_id");
     std::fs::write(&path, cfg.to_string()).unwrap();
-    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    let loaded = kvgpt_core::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
     assert_eq!((loaded.model.config.n_head, loaded.model.config.eos_token_id), (4, 50256));
     // An alias with a bad value is refused without a panic.
     assert_mentions(
@@ -395,7 +396,7 @@ fn a_weights_file_that_shrinks_while_loading_is_an_error_not_sigbus() {
     // read, reported as such (a memory map would die of SIGBUS here).
     let dir = variant(&fixture_tensors());
     let path = dir.path().join("model.safetensors");
-    let ck = kvgpt::weights::Checkpoint::open(&path).unwrap();
+    let ck = kvgpt_core::weights::Checkpoint::open(&path).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len / 3).unwrap();
     let e = ck.tensor("wte.weight", &[50257, 64]).unwrap_err().to_string();
@@ -418,12 +419,13 @@ fn finite_weights_that_overflow_give_an_error_not_garbage() {
         })
         .collect();
     let dir = variant(&t);
-    let loaded = kvgpt::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
-    let opts = kvgpt::GenerateOptions::default();
-    let err = kvgpt::generate(&loaded.model, &[464, 3797], &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap_err();
+    let loaded = kvgpt_core::load(&hub::local_folder(dir.path()).unwrap()).unwrap();
+    let opts = kvgpt_core::GenerateOptions::default();
+    let err =
+        kvgpt_core::generate(&loaded.model, &[464, 3797], &opts, &mut |_, _| Ok(kvgpt_core::Step::Go)).unwrap_err();
     assert!(matches!(err, Error::NonFiniteLogits { position: 1, .. }), "{err}");
     assert_mentions(&err.to_string(), &["not finite", "overflowed f32"]);
     // verify cache says so too, instead of blaming the cache.
-    let e = kvgpt::verify::cache_vs_recompute(&loaded.model, &[464, 3797], 3, 0.0, &mut |_, _| {}).unwrap_err();
+    let e = kvgpt_views::verify::cache_vs_recompute(&loaded.model, &[464, 3797], 3, 0.0, &mut |_, _| {}).unwrap_err();
     assert_mentions(&e.to_string(), &["not finite"]);
 }

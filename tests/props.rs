@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvgpt::weights::{parse_header, Checkpoint};
+use kvgpt_core::weights::{parse_header, Checkpoint};
 use proptest::prelude::*;
 use std::sync::OnceLock;
 
@@ -19,8 +19,8 @@ fn header_bytes() -> &'static (Vec<u8>, u64) {
     })
 }
 
-fn model() -> &'static kvgpt::Loaded {
-    static M: OnceLock<kvgpt::Loaded> = OnceLock::new();
+fn model() -> &'static kvgpt_core::Loaded {
+    static M: OnceLock<kvgpt_core::Loaded> = OnceLock::new();
     M.get_or_init(load_fixture)
 }
 
@@ -123,7 +123,7 @@ proptest! {
         let path = std::path::Path::new("config.json");
         let parsed = serde_json::from_slice::<serde_json::Value>(&mutated);
         if let Ok(json) = parsed {
-            match kvgpt::Config::from_json(&json, path) {
+            match kvgpt_core::Config::from_json(&json, path) {
                 Ok(cfg) => {
                     // A config that parses is checked against the header before anything is allocated.
                     let ck = Checkpoint::open(&fixture_dir().join("model.safetensors")).unwrap();
@@ -143,7 +143,7 @@ proptest! {
         good.extend((dict.len() as u16).to_le_bytes());
         good.extend(dict.as_bytes());
         good.extend((0..6).flat_map(|i| (i as f32).to_le_bytes()));
-        if let Err(e) = kvgpt::export::read_npy(&apply(good, &edits)) {
+        if let Err(e) = kvgpt_core::export::read_npy(&apply(good, &edits)) {
             prop_assert!(!e.is_empty());
         }
     }
@@ -153,19 +153,19 @@ proptest! {
         let loaded = model();
         let m = &loaded.model;
         let ids = [464u32, 3797, 3332, 319];
-        let mut seq = kvgpt::Sequence::new(m, &ids, 1, kvgpt::Sampling::GREEDY).unwrap();
-        seq.feed(m, &mut kvgpt::Scratch::new(&m.config, ids.len())).unwrap();
+        let mut seq = kvgpt_core::Sequence::new(m, &ids, 1, kvgpt_core::Sampling::GREEDY).unwrap();
+        seq.feed(m, &mut kvgpt_core::Scratch::new(&m.config, ids.len())).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.kvpc");
-        kvgpt::prompt_file::save(&path, m, &ids, seq.cache()).unwrap();
+        kvgpt_core::prompt_file::save(&path, m, &ids, seq.cache()).unwrap();
         let mut bytes = apply(std::fs::read(&path).unwrap(), &edits);
         if fix_sum && bytes.len() >= 8 {
             // A hostile file can carry a correct checksum: recompute it so the parser goes deeper.
             let n = bytes.len() - 8;
-            let sum = kvgpt::prompt_file::fnv1a(kvgpt::prompt_file::FNV_OFFSET, &bytes[..n]);
+            let sum = kvgpt_core::prompt_file::fnv1a(kvgpt_core::prompt_file::FNV_OFFSET, &bytes[..n]);
             bytes[n..].copy_from_slice(&sum.to_le_bytes());
         }
-        if let Err(e) = kvgpt::prompt_file::parse(&bytes, m, &path) {
+        if let Err(e) = kvgpt_core::prompt_file::parse(&bytes, m, &path) {
             prop_assert!(e.to_string().contains("p.kvpc"));
         }
     }
@@ -179,7 +179,7 @@ proptest! {
     fn tokenizer_files_never_panic(edits in prop::collection::vec(json_edit(), 1..4)) {
         let text = std::fs::read(fixture_dir().join("tokenizer.json")).unwrap();
         let mutated = apply(text, &edits);
-        match kvgpt::Tokenizer::from_json_bytes(&mutated, "tokenizer.json") {
+        match kvgpt_core::Tokenizer::from_json_bytes(&mutated, "tokenizer.json") {
             Ok(t) => { let _ = t.encode("The cat sat on the mat"); }
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }

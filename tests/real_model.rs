@@ -2,12 +2,12 @@
 //! Hugging Face cache (HF_HUB_CACHE, HF_HOME/hub or ~/.cache/huggingface/hub) and print
 //! "SKIPPED" otherwise: nothing here is faked.
 
-use kvgpt::{KvCache, Locate, NoTap, Point, Recorder, Scratch};
+use kvgpt_core::{KvCache, Locate, NoTap, Point, Recorder, Scratch};
 
-fn real_model() -> Option<kvgpt::Loaded> {
+fn real_model() -> Option<kvgpt_core::Loaded> {
     let loc = Locate::from_env(true);
-    match loc.resolve(kvgpt::hub::DEFAULT_MODEL) {
-        Ok(files) => Some(kvgpt::load(&files).expect("the cached distilgpt2 loads")),
+    match loc.resolve(kvgpt_core::hub::DEFAULT_MODEL) {
+        Ok(files) => Some(kvgpt_core::load(&files).expect("the cached distilgpt2 loads")),
         Err(e) => {
             println!("SKIPPED: distilbert/distilgpt2 is not in the local HF cache ({e})");
             eprintln!("SKIPPED real-model test: distilbert/distilgpt2 is not in the local HF cache");
@@ -16,7 +16,7 @@ fn real_model() -> Option<kvgpt::Loaded> {
     }
 }
 
-fn last_logits(m: &kvgpt::Model, ids: &[u32], tap: &mut dyn kvgpt::Tap) -> Vec<f32> {
+fn last_logits(m: &kvgpt_core::Model, ids: &[u32], tap: &mut dyn kvgpt_core::Tap) -> Vec<f32> {
     let cfg = &m.config;
     let mut logits = vec![0.0; cfg.vocab_size];
     m.forward(ids, &mut KvCache::new(cfg), &mut Scratch::new(cfg, ids.len()), tap, &mut logits).unwrap();
@@ -34,7 +34,7 @@ fn distilgpt2_matches_transformers() {
     }
     let mut rec = Recorder::only(|p| p == Point::AttnProbs(0));
     let logits = last_logits(&l.model, &ids, &mut rec);
-    assert_eq!(kvgpt::sampler::argmax(&logits), 262, "greedy next token of 'The cat sat on'");
+    assert_eq!(kvgpt_core::sampler::argmax(&logits), 262, "greedy next token of 'The cat sat on'");
     let att = rec.last(Point::AttnProbs(0)).unwrap();
     let t = ids.len();
     let on_row = &att.data[3 * t..4 * t]; // head 0, query 3 (" on")
@@ -43,6 +43,6 @@ fn distilgpt2_matches_transformers() {
     }
     let ids = l.tokenizer.encode("One two three four five six seven eight nine ten eleven").unwrap();
     let logits = last_logits(&l.model, &ids, &mut NoTap);
-    assert_eq!(kvgpt::sampler::argmax(&logits), 14104, "' twelve'");
+    assert_eq!(kvgpt_core::sampler::argmax(&logits), 14104, "' twelve'");
     assert!((logits[14104] - -48.7065).abs() < 1e-3, "logit of ' twelve': {}", logits[14104]);
 }

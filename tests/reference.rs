@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{generate, GenerateOptions, KvCache, KvPart, Model, NoTap, Point, Recorder, Scratch};
+use kvgpt_core::{generate, GenerateOptions, KvCache, KvPart, Model, NoTap, Point, Recorder, Scratch};
 
 const TOL: f32 = 1e-4;
 
@@ -97,7 +97,7 @@ fn greedy_continuations_match_cached_and_uncached() {
                 use_cache,
                 ..GenerateOptions::default()
             };
-            let g = generate(&loaded.model, &p.ids, &opts, &mut |_, _| Ok(kvgpt::Step::Go)).unwrap();
+            let g = generate(&loaded.model, &p.ids, &opts, &mut |_, _| Ok(kvgpt_core::Step::Go)).unwrap();
             assert_eq!(g.generated_ids, p.greedy_ids, "{} greedy (cache: {use_cache})", p.key);
             assert_eq!(loaded.tokenizer.decode(&g.generated_ids), p.greedy_text, "{} text", p.key);
         }
@@ -132,7 +132,7 @@ fn cached_and_uncached_logits_are_bit_identical_at_every_step() {
                     p.key,
                     isa.name()
                 );
-                let next = kvgpt::sampler::argmax(&l1);
+                let next = kvgpt_core::sampler::argmax(&l1);
                 seq.push(next);
                 if step + 1 < 40 {
                     model_isa.forward(&[next], &mut cached, &mut s1, &mut NoTap, &mut l1).unwrap();

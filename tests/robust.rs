@@ -105,7 +105,7 @@ fn a_failed_write_leaves_no_half_file() {
     let good = dir.path().join("logits.npy");
     let out = kvgpt(&["inspect", "logits", "The cat sat on", "--model", &model(), "--export", good.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let (shape, data) = kvgpt::export::read_npy(&bytes(&good)).unwrap();
+    let (shape, data) = kvgpt_core::export::read_npy(&bytes(&good)).unwrap();
     assert_eq!(shape.iter().product::<usize>(), data.len());
     assert_eq!(*shape.last().unwrap(), 50257);
 }
@@ -176,7 +176,7 @@ fn npy(version: u8, dict: &str, data: &[u8]) -> Vec<u8> {
 
 #[test]
 fn the_npy_reader_refuses_every_malformed_file_with_a_reason() {
-    use kvgpt::export::read_npy;
+    use kvgpt_core::export::read_npy;
     let six: Vec<u8> = (0..6).flat_map(|i| (i as f32).to_le_bytes()).collect();
     let good = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }\n";
     assert_eq!(read_npy(&npy(1, good, &six)).unwrap(), (vec![2, 3], (0..6).map(|i| i as f32).collect()));
@@ -368,7 +368,7 @@ fn messages_name_the_real_problem() {
 #[test]
 fn a_tokenizer_json_with_a_broken_decoder_is_an_error() {
     let bytes = br#"{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}, "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_: true}, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}"#;
-    let e = kvgpt::Tokenizer::from_json_bytes(bytes, "tokenizer.json").err().expect("refused");
+    let e = kvgpt_core::Tokenizer::from_json_bytes(bytes, "tokenizer.json").err().expect("refused");
     assert!(e.to_string().contains("tokenizer.json is not valid JSON"), "{e}");
     // Through the CLI, a model folder with that file: exit 1 naming it.
     let dir = model_copy();

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvgpt::{generate, GenerateOptions, Sampling, Step};
+use kvgpt_core::{generate, GenerateOptions, Sampling, Step};
 use serde_json::Value;
 use std::process::Command;
 

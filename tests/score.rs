@@ -22,7 +22,7 @@ fn the_loss_is_hf_labels_loss() {
     let mut checked = 0;
     for p in Reference::load().prompts() {
         let Some(want) = p.loss else { continue };
-        let s = kvgpt::score::score(&loaded.model, &p.ids, n, n / 2).unwrap();
+        let s = kvgpt_views::score::score(&loaded.model, &p.ids, n, n / 2).unwrap();
         println!("{}: loss {} (HF {want}), perplexity {}", p.key, s.mean_loss, s.perplexity);
         assert!((s.mean_loss - want).abs() <= TOL, "{}: loss {} vs HF {want}", p.key, s.mean_loss);
         assert_eq!(s.tokens.len(), p.ids.len() - 1);
@@ -38,7 +38,7 @@ fn sliding_windows_give_hf_perplexity_guide_loss() {
     for c in score_reference()["cases"].as_array().unwrap() {
         let ids: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
         let (window, stride) = (c["window"].as_u64().unwrap() as usize, c["stride"].as_u64().unwrap() as usize);
-        let s = kvgpt::score::score(&loaded.model, &ids, window, stride).unwrap();
+        let s = kvgpt_views::score::score(&loaded.model, &ids, window, stride).unwrap();
         let want = c["loss"].as_f64().unwrap();
         assert!((s.mean_loss - want).abs() <= TOL, "window {window} stride {stride}: {} vs HF {want}", s.mean_loss);
         assert_eq!(s.tokens.len() as u64, c["tokens_scored"].as_u64().unwrap(), "window {window} stride {stride}");
@@ -53,7 +53,7 @@ fn each_token_matches_hf_logits() {
     for key in ["p1", "p3"] {
         let ids = reference.input_ids(key);
         let (_, logits) = reference.tensor(&format!("{key}.logits")).unwrap();
-        let s = kvgpt::score::score(&loaded.model, &ids, 128, 64).unwrap();
+        let s = kvgpt_views::score::score(&loaded.model, &ids, 128, 64).unwrap();
         for t in &s.tokens {
             let row: Vec<f64> = logits[(t.position - 1) * v..t.position * v].iter().map(|&x| x as f64).collect();
             let max = row.iter().cloned().fold(f64::MIN, f64::max);

@@ -10,9 +10,9 @@
 mod common;
 
 use common::*;
-use kvgpt::engine::{self, EngineConfig, Event, NoMonitor, Request};
-use kvgpt::speculative::{Costs, Draft, DraftConfig, DraftSource, DraftStats, ModelDraft, Speculation};
-use kvgpt::{generate_from, GenerateOptions, KvCache, KvPart, Model, NoTap, Sampling, Scratch, Sequence, Step};
+use kvgpt_core::engine::{self, EngineConfig, Event, NoMonitor, Request};
+use kvgpt_core::speculative::{Costs, Draft, DraftConfig, DraftSource, DraftStats, ModelDraft, Speculation};
+use kvgpt_core::{generate_from, GenerateOptions, KvCache, KvPart, Model, NoTap, Sampling, Scratch, Sequence, Step};
 use std::sync::Arc;
 
 /// Drafting that costs nothing (the tests that fix k do not use it).
@@ -53,7 +53,7 @@ struct Skewed {
 }
 
 impl Draft for Skewed {
-    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt::Result<()> {
+    fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> kvgpt_core::Result<()> {
         out.clear();
         let at = ids.len() - self.prompt;
         let skew = |(i, &t): (usize, &u32)| if (self.wrong)(at + i) { (t + 1) % 50257 } else { t };
@@ -65,13 +65,14 @@ impl Draft for Skewed {
 /// The drafts of every kind for `model` (loaded from `dir`), by name: lookup, the same weights
 /// at int8 twice, another (smaller) GPT-2 with the same tokenizer, and the model itself.
 fn drafts(dir: &std::path::Path, model: &Arc<Model>, other: &std::path::Path) -> Vec<(&'static str, DraftSource)> {
-    let load =
-        |d: &std::path::Path, ty| Arc::new(kvgpt::load_as(&kvgpt::hub::local_folder(d).unwrap(), ty).unwrap().model);
+    let load = |d: &std::path::Path, ty| {
+        Arc::new(kvgpt_core::load_as(&kvgpt_core::hub::local_folder(d).unwrap(), ty).unwrap().model)
+    };
     vec![
         ("lookup", DraftSource::Lookup { max_ngram: 3 }),
-        ("self:w8a8", DraftSource::Model(load(dir, kvgpt::WeightType::W8A8))),
-        ("self:q8", DraftSource::Model(load(dir, kvgpt::WeightType::Q8))),
-        ("draft-model", DraftSource::Model(load(other, kvgpt::WeightType::F32))),
+        ("self:w8a8", DraftSource::Model(load(dir, kvgpt_core::WeightType::W8A8))),
+        ("self:q8", DraftSource::Model(load(dir, kvgpt_core::WeightType::Q8))),
+        ("draft-model", DraftSource::Model(load(other, kvgpt_core::WeightType::F32))),
         ("itself", DraftSource::Model(model.clone())),
     ]
 }
@@ -113,7 +114,7 @@ fn long_answers_greedy_and_sampled_are_the_model_alone_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
     let shape = random_model::Shape { n_embd: 64, n_layer: 2, n_head: 4, n_positions: 256, seed: 3, endless: true };
     random_model::write(dir.path(), shape);
-    let model = Arc::new(kvgpt::load(&kvgpt::hub::local_folder(dir.path()).unwrap()).unwrap().model);
+    let model = Arc::new(kvgpt_core::load(&kvgpt_core::hub::local_folder(dir.path()).unwrap()).unwrap().model);
     let other = random_model::small_draft_model();
     let tok = load_fixture().tokenizer;
     let prompt = tok.encode("The quick brown fox jumps over the lazy dog, and the dog").unwrap();
@@ -175,7 +176,7 @@ fn after_a_rejection_the_caches_hold_exactly_the_accepted_positions() {
 
     // A draft model's own cache: after the target accepts something else, the next proposal
     // keeps only the common prefix and recomputes the rest.
-    let draft_model = Arc::new(kvgpt::load_as(&loaded.files, kvgpt::WeightType::W8A8).unwrap().model);
+    let draft_model = Arc::new(kvgpt_core::load_as(&loaded.files, kvgpt_core::WeightType::W8A8).unwrap().model);
     let mut draft = ModelDraft::new(draft_model.clone(), 128);
     let mut out = vec![];
     draft.propose(&prompt, 5, &mut out).unwrap();
@@ -270,9 +271,9 @@ fn sampled_with_drafts_the_first_tokens_follow_the_models_distribution() {
 }
 
 /// (ids, logprob bits, finish, usage) of one engine sequence.
-type EngineRun = (Vec<u32>, Vec<u64>, Option<kvgpt::FinishReason>, kvgpt::engine::Usage);
+type EngineRun = (Vec<u32>, Vec<u64>, Option<kvgpt_core::FinishReason>, kvgpt_core::engine::Usage);
 
-fn engine_run(events: kvgpt::engine::Events) -> EngineRun {
+fn engine_run(events: kvgpt_core::engine::Events) -> EngineRun {
     let (mut ids, mut lps) = (vec![], vec![]);
     for e in events {
         match e {
@@ -302,8 +303,16 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
     let itself = DraftConfig { source: DraftSource::Model(model.clone()), max_k: 8, min_k: 0, costs: FREE };
     let sampled = Sampling { temperature: 0.7, top_k: Some(8), seed: 5, ..Sampling::GREEDY };
     let run = |draft: Option<DraftConfig>| -> Vec<EngineRun> {
-        let cfg = EngineConfig { parallel: 4, batch_tokens: 16, cache_bytes: 1 << 20, max_queue: 8, draft };
-        let (h, thread) = engine::spawn(model.clone(), cfg, Box::new(NoMonitor), None).unwrap();
+        let cfg = EngineConfig {
+            parallel: 4,
+            batch_tokens: 16,
+            cache_bytes: 1 << 20,
+            max_queue: 8,
+            draft,
+            kv_event_block_size: None,
+        };
+        let engine::Spawned { handle: h, thread, .. } =
+            engine::spawn(model.clone(), cfg, Box::new(NoMonitor), None).unwrap();
         let req = |stop_at_eos, sampling| Request {
             prompt: p.ids.clone(),
             max_new_tokens: p.greedy_ids.len(),
@@ -322,7 +331,7 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
         out
     };
     let (plain, drafted) = (run(None), run(Some(itself)));
-    use kvgpt::FinishReason::{Eos, Length};
+    use kvgpt_core::FinishReason::{Eos, Length};
     for (i, (a, d)) in plain.iter().zip(&drafted).enumerate() {
         assert_eq!((&a.0, &a.1, a.2), (&d.0, &d.1, d.2), "sequence {i}: ids, logprobs and finish as without drafts");
         assert_eq!(a.3.completion_tokens, d.3.completion_tokens, "sequence {i}");
@@ -342,16 +351,16 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
 /// answers with drafts are the scalar path's answers decoding alone, bit for bit.
 #[test]
 fn on_every_isa_drafted_answers_are_the_scalar_models_alone() {
-    let files = kvgpt::hub::local_folder(&fixture_dir()).unwrap();
-    let load = |ty, isa| Arc::new(kvgpt::load_as(&files, ty).unwrap().model.with_isa(isa));
-    let scalar = load(kvgpt::WeightType::F32, kvgpt_kernels::Isa::scalar());
+    let files = kvgpt_core::hub::local_folder(&fixture_dir()).unwrap();
+    let load = |ty, isa| Arc::new(kvgpt_core::load_as(&files, ty).unwrap().model.with_isa(isa));
+    let scalar = load(kvgpt_core::WeightType::F32, kvgpt_kernels::Isa::scalar());
     let reference = Reference::load();
     let sampled = Sampling { temperature: 0.7, top_k: Some(8), seed: 3, ..Sampling::GREEDY };
     for isa in kvgpt_kernels::Isa::available() {
-        let model = load(kvgpt::WeightType::F32, isa);
+        let model = load(kvgpt_core::WeightType::F32, isa);
         let drafts = [
             ("lookup", DraftSource::Lookup { max_ngram: 3 }),
-            ("self:w8a8", DraftSource::Model(load(kvgpt::WeightType::W8A8, isa))),
+            ("self:w8a8", DraftSource::Model(load(kvgpt_core::WeightType::W8A8, isa))),
         ];
         for p in reference.prompts() {
             let n = p.greedy_ids.len();

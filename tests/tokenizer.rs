@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use kvgpt::Tokenizer;
+use kvgpt_core::Tokenizer;
 
 #[test]
 fn every_fixture_prompt_gets_the_reference_ids_in_every_file_form() {
@@ -58,7 +58,7 @@ fn streaming_decode_of_split_characters_equals_whole_decode() {
     let tok = Tokenizer::from_json_file(&fixture_dir().join("tokenizer.json")).unwrap();
     for p in Reference::load().prompts() {
         let all: Vec<u32> = p.ids.iter().chain(&p.greedy_ids).copied().collect();
-        let mut s = kvgpt::StreamDecoder::default();
+        let mut s = kvgpt_core::StreamDecoder::default();
         let mut out = String::new();
         for &id in &all {
             let piece = s.push(tok.token_bytes(id));

@@ -2,7 +2,7 @@
 //! metadata, checked against its own config, and its tensors read.
 #![no_main]
 
-use kvgpt::weights::gguf::Gguf;
+use kvgpt_core::weights::gguf::Gguf;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -11,11 +11,11 @@ fuzz_target!(|data: &[u8]| {
     match Gguf::open(&path) {
         Ok(g) => {
             if let Ok(json) = g.tokenizer_json() {
-                let _ = kvgpt::Tokenizer::from_json_bytes(&json, "fuzz");
+                let _ = kvgpt_core::Tokenizer::from_json_bytes(&json, "fuzz");
             }
             if let Ok(cfg) = g.config() {
                 if g.check(&cfg).is_ok() {
-                    for (name, dims) in kvgpt::weights::expected(&cfg) {
+                    for (name, dims) in kvgpt_core::weights::expected(&cfg) {
                         let shape: Vec<usize> = dims.iter().map(|d| d.1).collect();
                         let _ = g.tensor(&name, &shape);
                     }

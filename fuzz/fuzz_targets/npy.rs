@@ -4,7 +4,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok((shape, values)) = kvgpt::export::read_npy(data) {
+    if let Ok((shape, values)) = kvgpt_core::export::read_npy(data) {
         assert_eq!(shape.iter().product::<usize>(), values.len());
     }
 });

@@ -4,7 +4,7 @@
 #![no_main]
 mod common;
 
-use kvgpt::prompt_file::{fnv1a, parse, FNV_OFFSET};
+use kvgpt_core::prompt_file::{fnv1a, parse, FNV_OFFSET};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

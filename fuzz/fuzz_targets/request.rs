@@ -1,7 +1,7 @@
 //! The server's request bodies: the parser of `kvgpt serve` itself, included as a module.
 #![no_main]
 
-#[path = "../../src/bin/kvgpt/serve/api.rs"]
+#[path = "../../serve/src/api.rs"]
 #[allow(dead_code)]
 mod api;
 

@@ -3,7 +3,7 @@
 #![no_main]
 mod common;
 
-use kvgpt::weights::{parse_header, Checkpoint};
+use kvgpt_core::weights::{parse_header, Checkpoint};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(ck) => {
             assert!(parsed.is_ok(), "opened a file whose header does not parse");
             if ck.check(common::config()).is_ok() {
-                for (name, dims) in kvgpt::weights::expected(common::config()) {
+                for (name, dims) in kvgpt_core::weights::expected(common::config()) {
                     let shape: Vec<usize> = dims.iter().map(|d| d.1).collect();
                     let _ = ck.tensor(&name, &shape);
                 }

@@ -6,8 +6,8 @@ use pyo3::PyErr;
 /// A kvgpt error as the Python exception that fits it: a missing model is `FileNotFoundError`,
 /// a bad argument `ValueError` (a prompt past the context, a token id outside the vocabulary),
 /// anything else `RuntimeError`; each with kvgpt's own message.
-pub(crate) fn py_err(e: kvgpt::Error) -> PyErr {
-    use kvgpt::Error as E;
+pub(crate) fn py_err(e: kvgpt_core::Error) -> PyErr {
+    use kvgpt_core::Error as E;
     let msg = e.to_string();
     match e {
         E::MissingFile { .. } | E::NotAFile { .. } | E::NotCached { .. } | E::NotAModel { .. } => {

@@ -1,11 +1,11 @@
-//! `Model.generate` and `Model.stream`: `kvgpt generate`'s loop (`kvgpt::generate_from`) and its
-//! text (`kvgpt::stop::TextStream`), so the same settings give the same bits as the CLI. Both
+//! `Model.generate` and `Model.stream`: `kvgpt generate`'s loop (`kvgpt_core::generate_from`) and its
+//! text (`kvgpt_core::stop::TextStream`), so the same settings give the same bits as the CLI. Both
 //! take the same keywords, parsed once ([`Model::ask`]).
 
 use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
-use kvgpt::stop::TextStream;
-use kvgpt::{GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
+use kvgpt_core::stop::TextStream;
+use kvgpt_core::{GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -21,14 +21,18 @@ struct Ask {
     stop: Vec<String>,
 }
 
-/// Runs the CLI's generation over `ask` ([`kvgpt::generate_text`]), handing each token and the
+/// Runs the CLI's generation over `ask` ([`kvgpt_core::generate_text`]), handing each token and the
 /// text it shows to `emit` (false: the caller stopped listening), and at the end any text held
 /// back (no token); returns the generation and its whole text.
-fn run(l: &Loaded, ask: &Ask, emit: &mut dyn FnMut(Option<u32>, &str) -> bool) -> kvgpt::Result<(Generation, String)> {
+fn run(
+    l: &Loaded,
+    ask: &Ask,
+    emit: &mut dyn FnMut(Option<u32>, &str) -> bool,
+) -> kvgpt_core::Result<(Generation, String)> {
     let mut seq = Sequence::new(&l.model, &ask.ids, ask.opts.max_new_tokens, ask.opts.sampling)?;
     let eos = ask.opts.stop_at_eos.then_some(l.model.config.eos_token_id);
     let stream = TextStream::new(&l.tokenizer, eos, ask.stop.clone());
-    kvgpt::generate_text(&l.model, &mut seq, &ask.opts, stream, &mut |token, t| {
+    kvgpt_core::generate_text(&l.model, &mut seq, &ask.opts, stream, &mut |token, t| {
         Ok(if emit(token.map(|(id, _)| id), t) { Step::Go } else { Step::Stop })
     })
 }
@@ -45,7 +49,7 @@ fn result<'py>(py: Python<'py>, g: &Generation, text: &str) -> PyResult<Bound<'p
 /// One message from a generation running in the model's threads to the Python iterator.
 enum Msg {
     Token(Option<u32>, String),
-    End(kvgpt::Result<(Generation, String)>),
+    End(kvgpt_core::Result<(Generation, String)>),
 }
 
 /// Tokens as they are generated: each `next()` gives `{"id": …, "text": …}` (the text it makes
@@ -154,7 +158,7 @@ impl Model {
         };
         sampling.check().map_err(|e| PyValueError::new_err(e.to_string()))?;
         let ids = ids_of(&self.e, prompt)?;
-        kvgpt::generate::check_context(self.e.model(), ids.len(), max_tokens).map_err(py_err)?;
+        kvgpt_core::generate::check_context(self.e.model(), ids.len(), max_tokens).map_err(py_err)?;
         let stop: Vec<String> = kw(kwargs, "stop", Vec::new())?;
         if stop.iter().any(String::is_empty) {
             return Err(PyValueError::new_err("a stop sequence is empty: give text, or leave it out"));

@@ -21,7 +21,7 @@
 //! | `ln_final.hook_normalized` | `[1, T, C]` | `ln_f`'s output |
 
 use crate::model::{ids_of, Model};
-use kvgpt::{Point, Tap};
+use kvgpt_core::{Point, Tap};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -3,14 +3,14 @@
 
 use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
-use kvgpt::{KvPart, Scratch};
+use kvgpt_core::{KvPart, Scratch};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
 struct State {
-    cache: kvgpt::KvCache,
+    cache: kvgpt_core::KvCache,
     scratch: Scratch,
     ids: Vec<u32>,
     /// The logits of the last position fed, `[V]`.
@@ -137,8 +137,8 @@ impl Model {
         let ids = ids_of(&self.e, input)?;
         let cfg = &self.e.model().config;
         let state = State {
-            cache: kvgpt::KvCache::new(cfg),
-            scratch: Scratch::new(cfg, kvgpt::model::CHUNK_ROWS.min(cfg.n_positions)),
+            cache: kvgpt_core::KvCache::new(cfg),
+            scratch: Scratch::new(cfg, kvgpt_core::model::CHUNK_ROWS.min(cfg.n_positions)),
             ids: Vec::new(),
             logits: vec![0.0; cfg.vocab_size],
         };

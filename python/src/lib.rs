@@ -24,21 +24,21 @@ fn chat_template(messages: Vec<std::collections::HashMap<String, String>>) -> Py
         let (Some(role), Some(content)) = (m.get("role"), m.get("content")) else {
             return Err(PyValueError::new_err(format!("message {i} needs a \"role\" and a \"content\"")));
         };
-        if !kvgpt::chat::ROLES.contains(&role.as_str()) {
+        if !kvgpt_core::chat::ROLES.contains(&role.as_str()) {
             return Err(PyValueError::new_err(format!(
                 "message {i} has role {role:?}; kvgpt's template takes system, developer, user and assistant"
             )));
         }
         pairs.push((role.as_str(), content.as_str()));
     }
-    Ok(kvgpt::chat::template(pairs.into_iter()))
+    Ok(kvgpt_core::chat::template(pairs.into_iter()))
 }
 
 #[pymodule]
 fn _kvgpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model::load, m)?)?;
     m.add_function(wrap_pyfunction!(chat_template, m)?)?;
-    m.add("CHAT_STOP", kvgpt::chat::CHAT_STOP)?;
+    m.add("CHAT_STOP", kvgpt_core::chat::CHAT_STOP)?;
     m.add_class::<model::Model>()?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<generate::Stream>()?;

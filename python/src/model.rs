@@ -1,7 +1,7 @@
 //! `kvgpt.load` and the `Model` it returns: tokens in and out, and the loss of a text.
 
 use crate::errors::py_err;
-use kvgpt::{KvCache, Loaded, Locate, Scratch, Tap, WeightType};
+use kvgpt_core::{KvCache, Loaded, Locate, Scratch, Tap, WeightType};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -18,7 +18,7 @@ impl Engine {
     pub(crate) fn run<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&Loaded) -> kvgpt::Result<T> + Send,
+        f: impl FnOnce(&Loaded) -> kvgpt_core::Result<T> + Send,
     ) -> PyResult<T> {
         py.detach(|| self.install(f)).map_err(py_err)
     }
@@ -28,7 +28,7 @@ impl Engine {
         self.pool.install(|| f(&self.loaded))
     }
 
-    pub(crate) fn model(&self) -> &kvgpt::Model {
+    pub(crate) fn model(&self) -> &kvgpt_core::Model {
         &self.loaded.model
     }
 
@@ -41,7 +41,7 @@ impl Engine {
         mut tap: T,
         rows: usize,
     ) -> PyResult<(Vec<f32>, T)> {
-        kvgpt::generate::check_context(self.model(), ids.len(), 0).map_err(py_err)?;
+        kvgpt_core::generate::check_context(self.model(), ids.len(), 0).map_err(py_err)?;
         self.run(py, |l| {
             let cfg = &l.model.config;
             let mut cache = KvCache::with_capacity(cfg, ids.len());
@@ -115,7 +115,7 @@ pub fn load(
     let pool = b.build().map_err(|e| PyValueError::new_err(format!("could not start {threads:?} threads: {e}")))?;
     let loaded = py
         .detach(|| {
-            pool.install(|| Locate::from_env(offline).resolve(model).and_then(|f| kvgpt::load_holding(&f, dtype)))
+            pool.install(|| Locate::from_env(offline).resolve(model).and_then(|f| kvgpt_core::load_holding(&f, dtype)))
         })
         .map_err(py_err)?;
     Ok(Model { e: Arc::new(Engine { loaded, pool }) })
@@ -132,7 +132,7 @@ impl Model {
     fn detokenize(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
         let vocab = self.e.model().config.vocab_size;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(py_err(kvgpt::Error::BadTokenId { id, vocab }));
+            return Err(py_err(kvgpt_core::Error::BadTokenId { id, vocab }));
         }
         Ok(py.detach(|| self.e.loaded.tokenizer.decode(&ids)))
     }
@@ -166,7 +166,7 @@ impl Model {
             return Err(PyValueError::new_err("score needs at least two tokens: the first has nothing before it"));
         }
         let n = self.e.model().config.n_positions;
-        let s = self.e.run(py, |l| kvgpt::score::score(&l.model, &ids, n, n / 2))?;
+        let s = self.e.run(py, |l| kvgpt_views::score::score(&l.model, &ids, n, n / 2))?;
         let d = PyDict::new(py);
         d.set_item("loss", s.mean_loss)?;
         d.set_item("perplexity", s.perplexity)?;

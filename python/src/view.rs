@@ -2,8 +2,8 @@
 //! attention --html` writes) for a text, every layer and head, shown inline by Jupyter.
 
 use crate::model::{ids_of, Model};
-use kvgpt::views::attention_html::{html, Viewer};
-use kvgpt::{Point, Recorder};
+use kvgpt_core::{Point, Recorder};
+use kvgpt_views::render::attention_html::{html, Viewer};
 use pyo3::prelude::*;
 
 /// kvgpt's attention viewer for a text: one self-contained HTML page (`html`), which Jupyter

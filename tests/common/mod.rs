@@ -7,7 +7,7 @@ pub mod random_model;
 pub mod server;
 pub mod views;
 
-use kvgpt::{hub, Loaded};
+use kvgpt_core::{hub, Loaded};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ pub fn ok(out: &std::process::Output) -> (String, String) {
 }
 
 pub fn load_fixture() -> Loaded {
-    kvgpt::load(&hub::local_folder(&fixture_dir()).expect("fixture folder")).expect("fixture loads")
+    kvgpt_core::load(&hub::local_folder(&fixture_dir()).expect("fixture folder")).expect("fixture loads")
 }
 
 /// reference.json and reference.safetensors.
@@ -110,11 +110,11 @@ pub fn gguf_fixture(t: &str) -> PathBuf {
 }
 
 /// The logits at every position of `ids`, in one forward pass from an empty cache.
-pub fn all_logits(model: &kvgpt::Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = kvgpt::KvCache::new(&model.config);
-    let mut scratch = kvgpt::Scratch::new(&model.config, ids.len());
+pub fn all_logits(model: &kvgpt_core::Model, ids: &[u32]) -> Vec<f32> {
+    let mut cache = kvgpt_core::KvCache::new(&model.config);
+    let mut scratch = kvgpt_core::Scratch::new(&model.config, ids.len());
     let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
-    model.forward(ids, &mut cache, &mut scratch, &mut kvgpt::NoTap, &mut logits).unwrap();
+    model.forward(ids, &mut cache, &mut scratch, &mut kvgpt_core::NoTap, &mut logits).unwrap();
     logits
 }
 
@@ -125,7 +125,7 @@ pub fn bits(x: &[f32]) -> Vec<u32> {
 
 /// `model` against every Hugging Face logits tensor the reference ships: the largest |Δlogit|,
 /// and how many positions' argmax agree out of how many.
-pub fn against_hf(model: &kvgpt::Model, reference: &Reference) -> (f32, usize, usize) {
+pub fn against_hf(model: &kvgpt_core::Model, reference: &Reference) -> (f32, usize, usize) {
     let v = model.config.vocab_size;
     let (mut worst, mut agree, mut n) = (0.0f32, 0, 0);
     for p in reference.prompts() {
@@ -133,7 +133,7 @@ pub fn against_hf(model: &kvgpt::Model, reference: &Reference) -> (f32, usize, u
             let got = all_logits(model, &p.ids);
             worst = worst.max(max_abs_diff(&got, &want));
             for (x, y) in got.chunks_exact(v).zip(want.chunks_exact(v)) {
-                agree += usize::from(kvgpt::sampler::argmax(x) == kvgpt::sampler::argmax(y));
+                agree += usize::from(kvgpt_core::sampler::argmax(x) == kvgpt_core::sampler::argmax(y));
                 n += 1;
             }
         }

@@ -27,7 +27,7 @@ pub fn write(dir: &Path, s: Shape) {
     });
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     std::fs::copy(fixture_dir().join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
-    let tok = kvgpt::Tokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
+    let tok = kvgpt_core::Tokenizer::from_json_file(&dir.join("tokenizer.json")).unwrap();
     let mut state = 0x2545_F491_4F6C_DD1Du64 ^ s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let mut rand = |n: usize, scale: f32| -> Vec<f32> {
         (0..n)

@@ -1,0 +1,68 @@
+//! How the engine runs, and what it reports to whoever observes it.
+
+use super::request::{Ending, Usage};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::prefix_cache::CacheStats;
+use crate::speculative::DraftConfig;
+use std::time::Duration;
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Sequences running at once.
+    pub parallel: usize,
+    /// Rows per forward step (decode rows first, then prefill chunks).
+    pub batch_tokens: usize,
+    /// Bytes the prompt cache may hold (0: none).
+    pub cache_bytes: usize,
+    /// Sequences that may wait for a slot; past that, [`SubmitError::Busy`].
+    pub max_queue: usize,
+    /// Decode speculatively with this draft (each request that does not turn it off).
+    pub draft: Option<DraftConfig>,
+    /// Announce what the prompt cache stores and evicts as KV-cache events over blocks of this
+    /// many tokens ([`super::Spawned::kv_events`]; None: no events).
+    pub kv_event_block_size: Option<usize>,
+}
+
+impl EngineConfig {
+    /// The most K/V bytes the running sequences can hold: every slot at the full context (with
+    /// a draft model, its caches too).
+    pub fn kv_limit(&self, model: &Model) -> usize {
+        let positions = model.config.n_positions;
+        let draft = self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions));
+        self.parallel * (positions * KvCache::bytes_per_position(&model.config) + draft)
+    }
+
+    /// The most rows one forward step can feed: the token budget, or every slot decoding with a
+    /// full draft (decode rows are never cut to the budget).
+    pub fn max_rows(&self) -> usize {
+        let drafts = self.draft.as_ref().map_or(0, |d| d.max_k);
+        self.batch_tokens.max(self.parallel * (1 + drafts)).max(1)
+    }
+}
+
+/// What the engine reports after every step, for the metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gauges {
+    pub running: usize,
+    pub waiting: usize,
+    /// K/V bytes of the running sequences' caches, and the positions they hold.
+    pub kv_bytes: usize,
+    pub kv_tokens: usize,
+    pub cache_bytes: usize,
+    pub cache_tokens: usize,
+    pub stats: CacheStats,
+}
+
+/// Observes the engine (metrics); called on the engine thread.
+pub trait Monitor: Send {
+    fn step(&mut self, _g: &Gauges) {}
+    fn first_token(&mut self, _ttft: Duration) {}
+    fn token(&mut self, _itl: Duration) {}
+    fn finished(&mut self, _u: &Usage, _ending: Ending) {}
+}
+
+/// A monitor that observes nothing.
+pub struct NoMonitor;
+impl Monitor for NoMonitor {}

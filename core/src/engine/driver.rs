@@ -1,0 +1,290 @@
+//! The engine loop on its own thread: take commands, plan a step, execute it, update every
+//! sequence from what it produced (events, finishes with their reason, prompt-cache inserts).
+
+use super::command::Command;
+use super::config::{EngineConfig, Gauges, Monitor};
+use super::policy::{self, Limits, Phase};
+use super::request::{CancelReason, Ending, Event, Usage};
+use super::runner::{Output, Runner};
+use super::slot::{Slot, Waiting};
+use super::Flushed;
+use crate::error::Result;
+use crate::generate::FinishReason;
+use crate::kv_events::{block_event, BlockEvent};
+use crate::model::Model;
+use crate::prefix_cache::PrefixCache;
+use crate::sequence::Sequence;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+/// Where the engine's KV-cache events go, and the block size they count in.
+pub(super) struct KvEventSink {
+    pub tx: tokio::sync::mpsc::UnboundedSender<Vec<BlockEvent>>,
+    pub block_size: usize,
+}
+
+pub(super) struct Engine {
+    cfg: EngineConfig,
+    kv_events: Option<KvEventSink>,
+    cache: PrefixCache,
+    runner: Runner,
+    slots: Vec<Slot>,
+    waiting: VecDeque<Waiting>,
+    /// Sequences submitted and not yet ended (shared with the handle, which owns the limit).
+    inflight: Arc<AtomicUsize>,
+    draining: bool,
+}
+
+impl Engine {
+    pub fn new(
+        model: Arc<Model>,
+        cfg: EngineConfig,
+        inflight: Arc<AtomicUsize>,
+        kv_events: Option<KvEventSink>,
+    ) -> Engine {
+        let mut cache = PrefixCache::new(cfg.cache_bytes);
+        if kv_events.is_some() {
+            cache.keep_journal(); // the events are made from it
+        }
+        Engine {
+            kv_events,
+            cache,
+            runner: Runner::new(model, cfg.max_rows()),
+            cfg,
+            slots: vec![],
+            waiting: VecDeque::new(),
+            inflight,
+            draining: false,
+        }
+    }
+
+    /// Runs until [`Command::Drain`] (or every handle is gone) and nothing is left to do.
+    pub fn run(mut self, rx: mpsc::Receiver<Command>, monitor: &mut dyn Monitor) {
+        loop {
+            let idle = self.slots.is_empty() && self.waiting.is_empty();
+            if idle && self.draining {
+                return;
+            }
+            // Wait for work when idle; otherwise take whatever has arrived and go on.
+            if idle {
+                match rx.recv() {
+                    Ok(c) => self.command(c, monitor),
+                    Err(_) => return, // every handle is gone
+                }
+            }
+            self.commands(&rx, monitor);
+            if self.slots.iter().any(Slot::gone) || self.waiting.iter().any(Waiting::gone) {
+                // A front end that stopped a sequence said so before letting go of it.
+                self.commands(&rx, monitor);
+                self.drop_gone(monitor);
+            }
+            let busy = !(self.slots.is_empty() && self.waiting.is_empty());
+            if let Err(e) = if busy { self.step(monitor) } else { Ok(()) } {
+                // A step that fails fails every sequence in it; the engine goes on.
+                for s in std::mem::take(&mut self.slots) {
+                    s.send(Event::Error(e.to_string()));
+                    self.finish(s, Ending::Failed, usize::MAX, monitor);
+                }
+            }
+            self.report_cache();
+            monitor.step(&self.gauges());
+        }
+    }
+
+    /// Sends what the prompt cache stored and evicted since the last call as one batch of block
+    /// events, if whole blocks changed.
+    fn report_cache(&mut self) {
+        let Some(sink) = &self.kv_events else { return };
+        let changes = self.cache.take_changes();
+        let batch: Vec<BlockEvent> = changes.iter().filter_map(|c| block_event(c, sink.block_size)).collect();
+        if !batch.is_empty() {
+            let _ = sink.tx.send(batch); // nobody listening any more is no error
+        }
+    }
+
+    fn commands(&mut self, rx: &mpsc::Receiver<Command>, monitor: &mut dyn Monitor) {
+        while let Ok(c) = rx.try_recv() {
+            self.command(c, monitor);
+        }
+    }
+
+    fn command(&mut self, c: Command, monitor: &mut dyn Monitor) {
+        match c {
+            Command::Submit(w) => self.waiting.push_back(w),
+            Command::Cancel(id, reason) => self.cancel(id, reason, monitor),
+            Command::Drain => self.draining = true,
+            Command::FlushCache(reply) => {
+                let before = self.cache.stats.evicted_tokens;
+                self.cache.evict_to(0);
+                let evicted_tokens = self.cache.stats.evicted_tokens - before;
+                self.report_cache(); // the events go out before the answer
+                let _ = reply.send(Flushed { evicted_tokens, held_tokens: self.cache.tokens() });
+            }
+        }
+    }
+
+    fn cancel(&mut self, id: u64, reason: CancelReason, monitor: &mut dyn Monitor) {
+        if let Some(i) = self.slots.iter().position(|s| s.id == id) {
+            let s = self.slots.remove(i);
+            match reason {
+                CancelReason::Stop { tokens } => self.finish(s, Ending::Finished(FinishReason::Stop), tokens, monitor),
+                CancelReason::Client => self.finish(s, Ending::Cancelled, usize::MAX, monitor),
+            }
+        } else if let Some(i) = self.waiting.iter().position(|w| w.id == id) {
+            let w = self.waiting.remove(i).expect("found");
+            self.cancel_waiting(w, monitor);
+        }
+    }
+
+    fn cancel_waiting(&mut self, w: Waiting, monitor: &mut dyn Monitor) {
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+        let usage = Usage { prompt_tokens: w.req.prompt.len(), queue: w.submitted.elapsed(), ..Usage::default() };
+        monitor.finished(&usage, Ending::Cancelled);
+    }
+
+    /// Sequences whose receiver has gone leave first, freeing their slots.
+    fn drop_gone(&mut self, monitor: &mut dyn Monitor) {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting).into_iter().partition(Waiting::gone);
+        self.waiting = kept.into();
+        for w in gone {
+            self.cancel_waiting(w, monitor);
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.slots).into_iter().partition(Slot::gone);
+        self.slots = kept;
+        for s in gone {
+            self.finish(s, Ending::Cancelled, usize::MAX, monitor);
+        }
+    }
+
+    /// Plan, execute, update.
+    fn step(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
+        let limits = Limits {
+            parallel: self.cfg.parallel,
+            batch_tokens: self.cfg.batch_tokens,
+            prefix_cache: self.cfg.cache_bytes > 0,
+        };
+        self.runner.draft(&mut self.slots)?;
+        let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
+        let waiting: Vec<_> = self.waiting.iter().map(Waiting::view).collect();
+        let cache = &self.cache;
+        let plan = policy::plan(&running, &waiting, &|ids| cache.peek(ids), limits);
+        self.admit(plan.admit);
+        for &(id, _) in &plan.start {
+            self.start(id, monitor);
+        }
+        let out = self.runner.execute(&mut self.slots, &plan.rows)?;
+        self.update(out, monitor);
+        Ok(())
+    }
+
+    /// Moves `n` waiting sequences into slots.
+    fn admit(&mut self, n: usize) {
+        for w in self.waiting.drain(..n.min(self.waiting.len())) {
+            // The handle checked the request; a failure here is memory, reported as an error.
+            match Sequence::new(&self.runner.model, &w.req.prompt, w.req.max_new_tokens, w.req.sampling) {
+                Ok(mut seq) => {
+                    if let Some(d) = self.cfg.draft.as_ref().filter(|_| w.req.speculative) {
+                        seq.speculate_with(d);
+                    }
+                    self.slots.push(Slot::new(w, seq));
+                }
+                Err(e) => {
+                    self.inflight.fetch_sub(1, Ordering::Relaxed);
+                    let _ = w.events.send(Event::Error(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// Starts sequence `id` from the longest prefix the prompt cache holds, held until it ends.
+    fn start(&mut self, id: u64, monitor: &mut dyn Monitor) {
+        let Some(i) = self.slots.iter().position(|s| s.id == id) else { return };
+        let s = &mut self.slots[i];
+        let found = self.cache.lookup(s.seq.ids());
+        let restored = found.spans.iter().try_for_each(|span| s.seq.restore(span, 0, span.len));
+        s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
+        (s.cached, s.hold, s.phase) = (found.len, Some(found.hold), Phase::Prefilling);
+        if let Err(e) = restored {
+            let s = self.slots.remove(i);
+            s.send(Event::Error(e.to_string()));
+            self.finish(s, Ending::Failed, usize::MAX, monitor);
+        }
+    }
+
+    /// Sends each new token; the first one starts the stream and puts the prompt's K/V into the
+    /// prompt cache; a sequence at its end finishes (keeping no token made after its end in the
+    /// same step).
+    fn update(&mut self, out: Vec<Output>, monitor: &mut dyn Monitor) {
+        let eos = self.runner.model.config.eos_token_id;
+        let mut done: Vec<(usize, FinishReason)> = vec![];
+        for Output { slot, token, logprob } in out {
+            if done.last().is_some_and(|&(d, _)| d == slot) {
+                continue; // ended at an earlier token of this step
+            }
+            let s = &mut self.slots[slot];
+            let now = Instant::now();
+            if s.first_token.is_none() {
+                s.first_token = Some(now);
+                s.phase = Phase::Decoding;
+                monitor.first_token(now - s.submitted);
+                s.send(Event::Started {
+                    cached_tokens: s.cached,
+                    queue: s.admitted - s.submitted,
+                    prompt_time: now - s.admitted,
+                    reuse: s.reuse.clone(),
+                });
+                if self.cfg.cache_bytes > 0 {
+                    self.cache.insert(s.seq.prompt(), s.seq.cache());
+                }
+            } else {
+                monitor.token(now - s.last_token);
+            }
+            s.last_token = now;
+            s.sent += 1;
+            s.send(Event::Token { id: token, logprob });
+            if s.req.stop_at_eos && token == eos {
+                done.push((slot, FinishReason::Eos));
+            } else if s.sent >= s.req.max_new_tokens {
+                done.push((slot, FinishReason::Length));
+            }
+        }
+        for &(slot, finish) in done.iter().rev() {
+            let mut s = self.slots.remove(slot); // `remove` keeps admission order
+            s.seq.keep_generated(s.sent);
+            self.finish(s, Ending::Finished(finish), usize::MAX, monitor);
+        }
+    }
+
+    /// A sequence leaves: its K/V into the prompt cache (once it has started, unless it failed), its hold
+    /// released, its usage counted, and then, for a finish, `Done` (so whoever reads it finds the
+    /// sequence no longer counted against the queue limit).
+    fn finish(&mut self, mut s: Slot, ending: Ending, completion: usize, monitor: &mut dyn Monitor) {
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+        // A failed step may have left unverified drafts (or half a step) in the cache.
+        if self.cfg.cache_bytes > 0 && s.first_token.is_some() && ending != Ending::Failed {
+            self.cache.insert(s.seq.ids(), s.seq.cache());
+        }
+        if let Some(h) = s.hold.take() {
+            self.cache.release(h);
+        }
+        let usage = s.usage(completion);
+        monitor.finished(&usage, ending);
+        if let Ending::Finished(finish) = ending {
+            s.send(Event::Done { finish, usage });
+        }
+    }
+
+    fn gauges(&self) -> Gauges {
+        Gauges {
+            running: self.slots.len(),
+            waiting: self.waiting.len(),
+            kv_bytes: self.slots.iter().map(|s| s.seq.cache().bytes()).sum(),
+            kv_tokens: self.slots.iter().map(|s| s.seq.cache().len()).sum(),
+            cache_bytes: self.cache.bytes(),
+            cache_tokens: self.cache.tokens(),
+            stats: self.cache.stats,
+        }
+    }
+}

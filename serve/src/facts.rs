@@ -1,0 +1,150 @@
+//! What this server is, computed once when the model is loaded: the startup line, `/server_info`
+//! and the metrics' fixed gauges all say it from here.
+
+use super::metrics::Limits;
+use super::ServeOptions;
+use kvgpt_core::engine::EngineConfig;
+use kvgpt_core::units::count;
+use kvgpt_core::{KvCache, Loaded};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+
+pub struct Facts {
+    /// The name `/v1/models` shows and responses carry.
+    pub name: String,
+    model_path: String,
+    /// The folder's, file's or hub id's name, as the startup line says it.
+    files_name: String,
+    local: SocketAddr,
+    n_positions: usize,
+    parallel: usize,
+    max_queue: usize,
+    threads: usize,
+    isa: &'static str,
+    dtype: String,
+    /// Bytes: the weights, the draft's weights, the K/V every slot may hold at full context
+    /// (with a draft model's caches), and the prompt cache's budget.
+    weights: usize,
+    draft_weights: usize,
+    kv_limit: usize,
+    cache_bytes: usize,
+    /// The model's K/V positions over every slot at full context, and its bytes.
+    slot_positions: usize,
+    bytes_per_position: usize,
+    /// The KV-cache events' block size.
+    block_size: usize,
+    /// The draft: its name, and the startup line's words on it.
+    draft: Option<(String, String)>,
+}
+
+impl Facts {
+    pub fn new(o: &ServeOptions, local: SocketAddr, loaded: &Loaded, cfg: &EngineConfig, draft: Option<&str>) -> Facts {
+        let model = &loaded.model;
+        let draft = cfg.draft.as_ref().zip(draft).map(|(d, name)| {
+            let words = format!(
+                "up to {} tokens a step; measured: a verify row costs {:.2} and a drafted token {:.2} of a decode step",
+                d.max_k, d.costs.row, d.costs.draft
+            );
+            (name.to_string(), words)
+        });
+        Facts {
+            name: o.served_model_name.clone().unwrap_or_else(|| served_name(&o.load.model)),
+            model_path: o.load.model.clone(),
+            files_name: loaded.files.name.clone(),
+            local,
+            n_positions: model.config.n_positions,
+            parallel: cfg.parallel,
+            max_queue: cfg.max_queue,
+            threads: rayon::current_num_threads(),
+            isa: model.isa().name(),
+            dtype: model.weights_dtype().to_string(),
+            weights: model.weight_bytes(),
+            draft_weights: cfg.draft.as_ref().map_or(0, |d| d.weight_bytes()),
+            kv_limit: cfg.kv_limit(model),
+            cache_bytes: cfg.cache_bytes,
+            slot_positions: cfg.parallel * model.config.n_positions,
+            bytes_per_position: KvCache::bytes_per_position(&model.config),
+            block_size: o.kv_events.block_size,
+            draft,
+        }
+    }
+
+    /// The model's K/V over every slot at full context (a draft's caches not counted: the
+    /// engine's gauges hold none).
+    pub fn kv_limit_model(&self) -> usize {
+        self.slot_positions * self.bytes_per_position
+    }
+
+    /// The metrics' fixed gauges.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            weights: self.weights,
+            draft_weights: self.draft_weights,
+            kv: self.kv_limit,
+            kv_positions: self.slot_positions,
+            cache: self.cache_bytes,
+            block_size: self.block_size,
+        }
+    }
+
+    /// The startup line.
+    pub fn banner(&self) -> String {
+        let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
+        let (draft, draft_memory) = match &self.draft {
+            Some((name, words)) => {
+                (format!(" | draft {name} ({words})"), format!(" + draft weights {:.1} MB", mb(self.draft_weights)))
+            }
+            None => (String::new(), String::new()),
+        };
+        let total = self.weights + self.draft_weights + self.kv_limit + self.cache_bytes;
+        format!(
+            "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {:.1} MB{draft_memory} \
+             + K/V of {} ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
+            self.files_name,
+            self.local,
+            self.n_positions,
+            count(self.threads, "thread"),
+            self.isa,
+            self.dtype,
+            mb(self.weights),
+            count(self.parallel, "slot"),
+            mb(self.kv_limit),
+            mb(self.cache_bytes),
+            mb(total)
+        )
+    }
+
+    /// `/server_info`: what routers read of this worker.
+    pub fn server_info(&self) -> Value {
+        json!({
+            "model_id": self.name,
+            "served_model_name": self.name,
+            "model_path": self.model_path,
+            "version": concat!("kvgpt ", env!("CARGO_PKG_VERSION")),
+            "instance_id": format!("kvgpt@{}", self.local),
+            "tp_size": 1,
+            "dp_size": 1,
+            "kv_block_size": self.block_size,
+            "context_length": self.n_positions,
+            "max_running_requests": self.parallel,
+            "max_total_tokens": self.slot_positions,
+            "max_queued_requests": self.max_queue,
+            "prompt_cache_bytes": self.cache_bytes,
+            "dtype": self.dtype,
+            "isa": self.isa,
+            "threads": self.threads,
+            "draft": self.draft.as_ref().map(|(name, _)| name),
+        })
+    }
+}
+
+/// The default served name: a local folder's or file's name (without `.gguf`), a hub id as it is
+/// (`--model` is a server-side path, which clients need not see).
+fn served_name(spec: &str) -> String {
+    let path = std::path::Path::new(spec);
+    if !path.exists() {
+        return spec.to_string();
+    }
+    let name = if path.is_file() { path.file_stem() } else { path.file_name() };
+    name.map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
+}

@@ -1,0 +1,328 @@
+//! Prometheus metrics through the `metrics` crate, recorded into a recorder the server owns (no
+//! process-wide recorder is installed): the HTTP side records requests, the engine thread records
+//! tokens, latencies, the running and waiting counts and the K/V memory.
+//!
+//! Beside kvgpt's own, the gauges that the Gateway API Inference Extension's endpoint picker
+//! reads from a vLLM model server, under vLLM's names (`vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc` as a fraction, `vllm:cache_config_info`,
+//! `vllm:lora_requests_info`), so a picker routes to kvgpt replicas with its defaults.
+
+use kvgpt_core::engine::{BlockEvent, Ending, Gauges, Monitor, StopReason, Usage};
+use metrics::{counter, gauge, histogram, with_local_recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Positions where reuse of the prompt cache stopped: 0 (nothing reused), then powers of two.
+const REUSE_STOP: &str = "kvgpt_prompt_cache_reuse_stop_position";
+const POSITION_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+
+#[derive(Clone)]
+pub struct Metrics {
+    recorder: Arc<PrometheusRecorder>,
+    handle: PrometheusHandle,
+    /// The engine's gauges after its last step (for `/get_load`).
+    last: Arc<Mutex<Gauges>>,
+}
+
+impl Metrics {
+    /// Metrics with every one of `endpoints` counted from the start with status 200.
+    pub fn new(endpoints: impl IntoIterator<Item = &'static str>) -> anyhow::Result<Metrics> {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets(BUCKETS)?
+            .set_buckets_for_metric(metrics_exporter_prometheus::Matcher::Full(REUSE_STOP.into()), POSITION_BUCKETS)?
+            .build_recorder();
+        let handle = recorder.handle();
+        let m = Metrics { recorder: Arc::new(recorder), handle, last: Arc::default() };
+        m.with(|| {
+            metrics::describe_counter!("kvgpt_requests_total", "HTTP requests by endpoint and status");
+            metrics::describe_counter!("kvgpt_prompt_tokens_total", "prompt tokens of finished sequences");
+            metrics::describe_counter!(
+                "kvgpt_prompt_cached_tokens_total",
+                "prompt tokens whose K/V came from the prompt cache"
+            );
+            metrics::describe_counter!("kvgpt_generated_tokens_total", "tokens generated");
+            metrics::describe_counter!("kvgpt_sequences_cancelled_total", "sequences whose client went away");
+            metrics::describe_counter!(
+                "kvgpt_sequences_finished_total",
+                "sequences that left the engine, by reason: eos, length, stop (a stop sequence), cancelled, error"
+            );
+            for e in Ending::ALL {
+                counter!("kvgpt_sequences_finished_total", "reason" => e.label()).absolute(0);
+            }
+            counter!("kvgpt_sequences_cancelled_total").absolute(0);
+            metrics::describe_histogram!("kvgpt_time_to_first_token_seconds", "submission to the first token");
+            metrics::describe_histogram!("kvgpt_inter_token_latency_seconds", "time between two tokens of a sequence");
+            metrics::describe_histogram!("kvgpt_request_duration_seconds", "whole completion requests");
+            metrics::describe_gauge!("kvgpt_requests_running", "sequences in the running batch");
+            metrics::describe_gauge!("kvgpt_requests_waiting", "sequences waiting for a slot");
+            metrics::describe_gauge!("kvgpt_kv_cache_bytes", "K/V bytes held by running sequences");
+            metrics::describe_gauge!("kvgpt_kv_cache_limit_bytes", "K/V bytes all slots may hold");
+            metrics::describe_gauge!("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache");
+            metrics::describe_gauge!("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)");
+            metrics::describe_gauge!("kvgpt_prompt_cache_tokens", "positions held by the prompt cache");
+            metrics::describe_counter!("kvgpt_prompt_cache_evictions_total", "prompt cache entries evicted");
+            metrics::describe_counter!("kvgpt_prompt_cache_lookups_total", "prompt cache lookups");
+            metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
+            metrics::describe_histogram!(
+                REUSE_STOP,
+                "the prompt position where reuse of the prompt cache stopped, one observation per sequence (each of a \
+                 request's n choices looks the cache up on its own; 0: nothing reused)"
+            );
+            metrics::describe_counter!(
+                "kvgpt_prompt_cache_stops_total",
+                "why reuse of the prompt cache stopped: differs (a token differs from the cached one), cache_ends \
+                 (nothing cached past the prefix), last_token (all but the last token reused)"
+            );
+            for reason in StopReason::ALL {
+                counter!("kvgpt_prompt_cache_stops_total", "reason" => reason.label()).absolute(0);
+            }
+            metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
+            metrics::describe_gauge!("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)");
+            metrics::describe_counter!(
+                "kvgpt_spec_decode_num_drafts_total",
+                "verify steps of finished sequences that checked drafted tokens"
+            );
+            metrics::describe_counter!("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted");
+            metrics::describe_counter!(
+                "kvgpt_kv_event_batches_total",
+                "KV-cache event batches published (--kv-events)"
+            );
+            metrics::describe_counter!("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored");
+            metrics::describe_counter!("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed");
+            metrics::describe_gauge!("kvgpt_draining", "1 after SIGTERM: new work is refused, /health answers 503");
+            metrics::describe_gauge!("vllm:num_requests_running", "sequences in the running batch (vLLM's name)");
+            metrics::describe_gauge!("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)");
+            metrics::describe_gauge!(
+                "vllm:kv_cache_usage_perc",
+                "K/V reserved by running sequences over what all slots may hold, 0 to 1 (vLLM's name)"
+            );
+            metrics::describe_gauge!("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold");
+            metrics::describe_gauge!("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)");
+            metrics::describe_counter!(
+                "kvgpt_spec_decode_num_accepted_tokens_total",
+                "drafted tokens the model accepted (each one a token made without a step of its own)"
+            );
+            // Present from the first scrape, at zero, so a rate() has a start.
+            for name in [
+                "kvgpt_prompt_tokens_total",
+                "kvgpt_prompt_cached_tokens_total",
+                "kvgpt_generated_tokens_total",
+                "kvgpt_prompt_cache_evictions_total",
+                "kvgpt_prompt_cache_lookups_total",
+                "kvgpt_prompt_cache_hits_total",
+                "kvgpt_spec_decode_num_drafts_total",
+                "kvgpt_spec_decode_num_draft_tokens_total",
+                "kvgpt_spec_decode_num_accepted_tokens_total",
+                "kvgpt_kv_event_batches_total",
+                "kvgpt_kv_event_blocks_stored_total",
+                "kvgpt_kv_event_blocks_removed_total",
+            ] {
+                counter!(name).absolute(0);
+            }
+            for endpoint in endpoints {
+                counter!("kvgpt_requests_total", "endpoint" => endpoint, "status" => "200").absolute(0);
+            }
+            for name in [
+                "kvgpt_requests_running",
+                "kvgpt_requests_waiting",
+                "kvgpt_kv_cache_bytes",
+                "kvgpt_prompt_cache_bytes",
+                "kvgpt_prompt_cache_tokens",
+                "kvgpt_draining",
+                "vllm:num_requests_running",
+                "vllm:num_requests_waiting",
+                "vllm:kv_cache_usage_perc",
+            ] {
+                gauge!(name).set(0.0);
+            }
+            for name in [
+                "kvgpt_time_to_first_token_seconds",
+                "kvgpt_inter_token_latency_seconds",
+                "kvgpt_request_duration_seconds",
+                REUSE_STOP,
+            ] {
+                let _ = histogram!(name);
+            }
+        });
+        Ok(m)
+    }
+
+    fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+        with_local_recorder(self.recorder.as_ref(), f)
+    }
+
+    /// The exposition text, in a stable order: families by name, and within a counter's or a
+    /// gauge's family the label sets by their text (the exporter's own order follows a hash
+    /// map and changes between scrapes). A histogram's lines keep their order (buckets by
+    /// `le`, then sum and count); kvgpt's histograms have no labels, so that order is stable.
+    pub fn render(&self) -> String {
+        stable_order(&self.handle.render())
+    }
+
+    pub fn limits(&self, l: &Limits) {
+        self.with(|| {
+            gauge!("kvgpt_weights_bytes").set(l.weights as f64);
+            gauge!("kvgpt_draft_weights_bytes").set(l.draft_weights as f64);
+            gauge!("kvgpt_kv_cache_limit_bytes").set(l.kv as f64);
+            gauge!("kvgpt_prompt_cache_limit_bytes").set(l.cache as f64);
+            let (block_size, blocks) = (l.block_size.to_string(), (l.kv_positions / l.block_size).to_string());
+            gauge!("vllm:cache_config_info", "block_size" => block_size, "num_gpu_blocks" => blocks).set(1.0);
+            let none = || String::new();
+            gauge!("vllm:lora_requests_info", "max_lora" => "0", "running_lora_adapters" => none(),
+                "waiting_lora_adapters" => none())
+            .set(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()));
+        });
+    }
+
+    /// The engine's gauges after its last step.
+    pub fn last_step(&self) -> Gauges {
+        *self.last.lock().expect("the last gauges")
+    }
+
+    pub fn draining(&self) {
+        self.with(|| gauge!("kvgpt_draining").set(1.0));
+    }
+
+    /// A batch of KV-cache events went out.
+    pub fn kv_events(&self, events: &[BlockEvent]) {
+        let blocks = |f: fn(&BlockEvent) -> usize| events.iter().map(f).sum::<usize>() as u64;
+        let stored = blocks(|e| if let BlockEvent::Stored { hashes, .. } = e { hashes.len() } else { 0 });
+        let removed = blocks(|e| if let BlockEvent::Removed { hashes } = e { hashes.len() } else { 0 });
+        self.with(|| {
+            counter!("kvgpt_kv_event_batches_total").increment(1);
+            counter!("kvgpt_kv_event_blocks_stored_total").increment(stored);
+            counter!("kvgpt_kv_event_blocks_removed_total").increment(removed);
+        });
+    }
+
+    pub fn request(&self, endpoint: &str, status: u16) {
+        let (endpoint, status) = (endpoint.to_string(), status.to_string());
+        self.with(|| counter!("kvgpt_requests_total", "endpoint" => endpoint, "status" => status).increment(1));
+    }
+
+    pub fn request_seconds(&self, d: Duration) {
+        self.with(|| histogram!("kvgpt_request_duration_seconds").record(d.as_secs_f64()));
+    }
+
+    /// The engine thread's observer: the model's K/V for every slot at full context is
+    /// `kv_limit` bytes (a draft model's caches not counted: the engine's `kv_bytes` holds none).
+    pub fn monitor(&self, kv_limit: usize) -> EngineMonitor {
+        EngineMonitor { metrics: self.clone(), kv_limit }
+    }
+}
+
+/// The sizes the server's fixed gauges report.
+pub struct Limits {
+    pub weights: usize,
+    pub draft_weights: usize,
+    /// K/V bytes all slots may hold, and as positions.
+    pub kv: usize,
+    pub kv_positions: usize,
+    pub cache: usize,
+    /// The KV-event block size, which `vllm:cache_config_info` reports.
+    pub block_size: usize,
+}
+
+pub struct EngineMonitor {
+    metrics: Metrics,
+    kv_limit: usize,
+}
+
+impl Monitor for EngineMonitor {
+    fn step(&mut self, g: &Gauges) {
+        // K/V reserved by the running sequences (each sized to its prompt and max_tokens).
+        let usage = g.kv_bytes as f64 / self.kv_limit.max(1) as f64;
+        *self.metrics.last.lock().expect("the last gauges") = *g;
+        self.metrics.with(|| {
+            gauge!("kvgpt_requests_running").set(g.running as f64);
+            gauge!("kvgpt_requests_waiting").set(g.waiting as f64);
+            gauge!("vllm:num_requests_running").set(g.running as f64);
+            gauge!("vllm:num_requests_waiting").set(g.waiting as f64);
+            gauge!("vllm:kv_cache_usage_perc").set(usage);
+            gauge!("kvgpt_kv_cache_bytes").set(g.kv_bytes as f64);
+            gauge!("kvgpt_prompt_cache_bytes").set(g.cache_bytes as f64);
+            gauge!("kvgpt_prompt_cache_tokens").set(g.cache_tokens as f64);
+            counter!("kvgpt_prompt_cache_evictions_total").absolute(g.stats.evicted_nodes);
+            counter!("kvgpt_prompt_cache_lookups_total").absolute(g.stats.lookups);
+            counter!("kvgpt_prompt_cache_hits_total").absolute(g.stats.hits);
+        });
+    }
+
+    fn first_token(&mut self, ttft: Duration) {
+        self.metrics.with(|| histogram!("kvgpt_time_to_first_token_seconds").record(ttft.as_secs_f64()));
+    }
+
+    fn token(&mut self, itl: Duration) {
+        self.metrics.with(|| histogram!("kvgpt_inter_token_latency_seconds").record(itl.as_secs_f64()));
+    }
+
+    fn finished(&mut self, u: &Usage, ending: Ending) {
+        self.metrics.with(|| {
+            counter!("kvgpt_prompt_tokens_total").increment(u.prompt_tokens as u64);
+            counter!("kvgpt_prompt_cached_tokens_total").increment(u.cached_tokens as u64);
+            counter!("kvgpt_generated_tokens_total").increment(u.completion_tokens as u64);
+            counter!("kvgpt_sequences_finished_total", "reason" => ending.label()).increment(1);
+            counter!("kvgpt_spec_decode_num_drafts_total").increment(u.draft_steps as u64);
+            counter!("kvgpt_spec_decode_num_draft_tokens_total").increment(u.drafted_tokens as u64);
+            counter!("kvgpt_spec_decode_num_accepted_tokens_total").increment(u.accepted_tokens as u64);
+            if ending == Ending::Cancelled {
+                counter!("kvgpt_sequences_cancelled_total").increment(1);
+            }
+            if let Some(r) = &u.reuse {
+                histogram!(REUSE_STOP).record(r.reused as f64);
+                counter!("kvgpt_prompt_cache_stops_total", "reason" => r.reason.label()).increment(1);
+            }
+        });
+    }
+}
+
+/// Sorts the exposition text's families (blocks separated by a blank line) by name, and the
+/// sample lines of a counter or gauge family by their text.
+fn stable_order(text: &str) -> String {
+    let mut families: Vec<(String, Vec<&str>)> = text
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|block| {
+            let lines: Vec<&str> = block.lines().filter(|l| !l.is_empty()).collect();
+            let name = lines
+                .iter()
+                .find_map(|l| l.strip_prefix("# TYPE ").or_else(|| (!l.starts_with('#')).then_some(*l)))
+                .and_then(|l| l.split([' ', '{']).next())
+                .unwrap_or("")
+                .to_string();
+            (name, lines)
+        })
+        .collect();
+    families.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::with_capacity(text.len());
+    for (_, mut lines) in families {
+        let histogram =
+            lines.iter().any(|l| l.starts_with("# TYPE ") && (l.ends_with(" histogram") || l.ends_with(" summary")));
+        let first_sample = lines.iter().position(|l| !l.starts_with('#')).unwrap_or(lines.len());
+        if !histogram {
+            lines[first_sample..].sort_unstable();
+        }
+        for l in lines {
+            out.push_str(l);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn families_and_label_sets_come_in_one_order() {
+        let a = "# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"2\"} 1\nb_total{x=\"1\"} 3\n\n# TYPE a gauge\na 5\n\n";
+        let b = "# TYPE a gauge\na 5\n\n# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"1\"} 3\nb_total{x=\"2\"} 1\n\n";
+        let want = "# TYPE a gauge\na 5\n\n# HELP b_total B\n# TYPE b_total counter\nb_total{x=\"1\"} 3\nb_total{x=\"2\"} 1\n\n";
+        assert_eq!(super::stable_order(a), want);
+        assert_eq!(super::stable_order(b), want);
+        let h = "# TYPE h histogram\nh_bucket{le=\"0.5\"} 1\nh_bucket{le=\"10\"} 2\nh_bucket{le=\"+Inf\"} 2\nh_sum 3\nh_count 2\n\n";
+        assert_eq!(super::stable_order(h), h);
+    }
+}

@@ -1,0 +1,100 @@
+//! `kvgpt cache diff A B …`: prompt files sent in order through one prompt cache, as a server
+//! would see them, offline: for each, where reuse stopped and why, the token on each side of the
+//! stop with the text around it, how many positions were computed because of it, and the prefill
+//! time with what was reused against from nothing.
+
+use crate::common::{load, print_json, prompt_ids, read_prompt_file, ModelArgs, Outcome};
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use kvgpt_core::cache_report::Report;
+use kvgpt_views::cache_replay::replay;
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum CacheCmd {
+    /// Send prompt files in order through one prompt cache: where reuse stopped for each, the
+    /// first differing token on each side with the text around it, and what it cost.
+    Diff(DiffArgs),
+}
+
+#[derive(Args)]
+pub struct DiffArgs {
+    /// Prompt files, in the order the requests arrive (at least two).
+    #[arg(value_name = "FILE", num_args = 2.., required = true)]
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print the reports as JSON: one object per file.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl CacheCmd {
+    pub fn model_args(&self) -> &ModelArgs {
+        match self {
+            CacheCmd::Diff(a) => &a.model,
+        }
+    }
+}
+
+/// `reused` of `n` positions as a bar of 40 cells: ■ reused, □ computed.
+fn bar(reused: usize, n: usize) -> String {
+    const W: usize = 40;
+    let r = (reused * W).div_ceil(n.max(1)).min(W);
+    format!("{}{}", "■".repeat(r), "□".repeat(W - r))
+}
+
+pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
+    let CacheCmd::Diff(a) = cmd;
+    let texts: Vec<String> = a.files.iter().map(|f| read_prompt_file(f)).collect::<Result<_>>()?;
+    let loaded = load(&a.model)?;
+    let mut prompts = Vec::with_capacity(texts.len());
+    for (f, t) in a.files.iter().zip(&texts) {
+        let ids = prompt_ids(&loaded, t)?;
+        let np = loaded.model.config.n_positions;
+        if ids.len() > np {
+            bail!("{} is {} tokens long; the model reads at most {np}: shorten it", f.display(), ids.len());
+        }
+        prompts.push(ids);
+    }
+    let replayed = replay(&loaded.model, &prompts)?;
+    let tok = &loaded.tokenizer;
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let reports: Vec<Report> =
+        prompts.iter().zip(&replayed).map(|(ids, r)| Report::new(tok, ids, &r.stop, true)).collect();
+    if a.json {
+        let v: Vec<_> = a
+            .files
+            .iter()
+            .zip(reports.iter().zip(&replayed))
+            .map(|(f, (rep, r))| {
+                json!({"file": f.display().to_string(), "report": rep, "prefill_ms": ms(r.prefill),
+                       "cold_prefill_ms": ms(r.cold_prefill), "same_bits_as_cold": r.same_bits})
+            })
+            .collect();
+        print_json(&json!(v))?;
+        return Ok(Outcome::Done);
+    }
+    outln!(
+        "{} prompts sent in order through one prompt cache ({}): each is looked up in what the ones before it left.",
+        prompts.len(),
+        loaded.files.name
+    );
+    for ((f, rep), r) in a.files.iter().zip(&reports).zip(&replayed) {
+        outln!("\n{}: {} tokens", f.display(), rep.prompt_tokens);
+        outln!("  {}  reused {} · computed {}", bar(rep.reused, rep.prompt_tokens), rep.reused, rep.recomputed);
+        outln!("  {}", rep.sentence());
+        if let Some(c) = rep.context.as_ref().filter(|_| rep.cached_token.is_some()) {
+            outln!("  cached: …{:?} ⟦ {:?} ⟧", c.before, c.cached_after);
+            outln!("  this:   …{:?} ⟦ {:?} ⟧", c.before, c.new_after);
+        }
+        outln!(
+            "  prefill {:.1} ms with the reused prefix, {:.1} ms from nothing ({} bits)",
+            ms(r.prefill),
+            ms(r.cold_prefill),
+            if r.same_bits { "the same" } else { "NOT the same" }
+        );
+    }
+    Ok(Outcome::Done)
+}

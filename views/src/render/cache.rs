@@ -1,0 +1,65 @@
+//! The cache view's data (built by `inspect cache`, drawn by [`super::cache_term`],
+//! [`super::cache_svg`] and [`super::cache_html`]; `--json` prints it as it is).
+
+use kvgpt_core::work::Work;
+use serde::Serialize;
+
+/// The work of one step with and without the cache, and how many times more the second is.
+#[derive(Serialize)]
+pub struct Compare {
+    pub with_cache: Work,
+    pub without_cache: Work,
+    pub ratio: Ratio,
+}
+
+#[derive(Serialize)]
+pub struct Ratio {
+    pub macs: f64,
+    pub weight_bytes: f64,
+    pub kv_read_bytes: f64,
+}
+
+/// One step as the views show it.
+#[derive(Serialize)]
+pub struct StepView {
+    pub step: usize,
+    pub kind: &'static str,
+    /// Positions read from the cache (written by earlier steps).
+    pub cached_before: usize,
+    /// Positions `[from, to)` this step computed and wrote.
+    pub written: [usize; 2],
+    pub work: Compare,
+    /// The step recomputed from an empty cache gave the same K/V and logits, bit for bit (null
+    /// for the prefill, which is that computation).
+    pub recomputed_same_bits: Option<bool>,
+    /// `weights[layer][head][key]`: the step's last query over every key in the cache.
+    pub weights: Vec<Vec<Vec<f32>>>,
+    /// `scores[query][key]` of the chosen layer and head, before the softmax; `null` is −∞
+    /// (masked: a key after the query).
+    pub scores: Vec<Vec<Option<f32>>>,
+}
+
+/// Everything the views show; `--json` prints it.
+#[derive(Serialize)]
+pub struct CacheView {
+    pub model: String,
+    pub dtype: &'static str,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub n_positions: usize,
+    pub ids: Vec<u32>,
+    pub tokens: Vec<String>,
+    pub prompt_tokens: usize,
+    pub prefill_tokens: usize,
+    /// The cache this run allocated: positions, bytes per position, bytes in all.
+    pub capacity: usize,
+    pub bytes_per_position: usize,
+    pub bytes_allocated: usize,
+    pub layer: usize,
+    pub head: usize,
+    pub steps: Vec<StepView>,
+    /// K and V of the chosen layer and head after the last step, `[position][dim]`.
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
