@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::model::{Model, Scratch, CHUNK_ROWS};
 use crate::sampler::Sampling;
-use crate::sequence::Sequence;
+use crate::sequence::{FinishReason, Sequence};
 use crate::stop::TextStream;
 use std::time::{Duration, Instant};
 
@@ -21,24 +21,6 @@ pub struct GenerateOptions {
 impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions { max_new_tokens: 50, sampling: Sampling::GREEDY, stop_at_eos: true, use_cache: true }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    Eos,
-    Length,
-    /// The caller's `on_token` said so (a stop sequence).
-    Stop,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FinishReason::Eos => "eos",
-            FinishReason::Length => "length",
-            FinishReason::Stop => "stop",
-        }
     }
 }
 

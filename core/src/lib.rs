@@ -72,21 +72,22 @@ pub mod kv_events;
 pub mod prefix_cache;
 pub mod prompt_file;
 
-// Serving: many sequences batched on one thread.
+// Serving: many sequences batched on one thread, and the OpenAI API's shapes over it.
 pub mod engine;
+pub mod openai;
 
 // Words for readers.
 pub mod units;
 
 pub use config::Config;
 pub use error::{Error, Result};
-pub use generate::{generate, generate_from, generate_text, FinishReason, GenerateOptions, Generation, Step, Timings};
+pub use generate::{generate, generate_from, generate_text, GenerateOptions, Generation, Step, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart};
 pub use kvgpt_kernels::{cpu_features, Isa, WeightType};
 pub use load::{load, load_as, load_holding, LoadSpec, Loaded};
 pub use model::{Model, Rows, Scratch};
 pub use sampler::{Sampler, Sampling};
-pub use sequence::Sequence;
+pub use sequence::{FinishReason, Sequence};
 pub use tap::{NoTap, Point, Recorder, Tap};
 pub use tokenizer::{StreamDecoder, Tokenizer};

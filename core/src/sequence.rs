@@ -10,6 +10,33 @@ use crate::sampler::{Sampler, Sampling};
 use crate::speculative::{DraftConfig, Speculation};
 use crate::tap::Tap;
 
+/// How a sequence's generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Eos,
+    Length,
+    /// A stop sequence (or the caller) said so.
+    Stop,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Eos => "eos",
+            FinishReason::Length => "length",
+            FinishReason::Stop => "stop",
+        }
+    }
+
+    /// OpenAI's `finish_reason`: "stop" (end-of-text or a stop sequence) or "length".
+    pub fn openai(self) -> &'static str {
+        match self {
+            FinishReason::Eos | FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
 pub struct Sequence {
     /// The prompt, then every generated token.
     ids: Vec<u32>,

@@ -10,6 +10,7 @@ use tokenizers::AddedToken;
 
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The raw bytes of every id (byte-level BPE pieces mapped back through GPT-2's byte table).

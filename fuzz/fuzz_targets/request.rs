@@ -1,10 +1,8 @@
-//! The server's request bodies: the parser of `kvgpt serve` itself, included as a module.
+//! The server's request bodies: the parser `kvgpt serve` and the Python package answer through
+//! (`kvgpt_core::openai`).
 #![no_main]
 
-#[path = "../../serve/src/api.rs"]
-#[allow(dead_code)]
-mod api;
-
+use kvgpt_core::openai as api;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

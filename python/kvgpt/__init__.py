@@ -11,8 +11,7 @@ Everything runs with the GIL released, in the model's own threads.
 
 from __future__ import annotations
 
-import time
-import uuid
+import json
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _kvgpt
@@ -53,41 +52,40 @@ class Model:
         return create_chat_completion(self, messages, **kw)
 
 
-def _usage(prompt: int, completion: int) -> Dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _body(kw: Dict[str, Any], stop: Optional[Union[str, List[str]]], stream: bool) -> Dict[str, Any]:
+    """llama-cpp-python's keywords as an OpenAI request body, with kvgpt's Python defaults: greedy
+    unless a temperature, top_k or top_p is given (then temperature 1 unless given), seed 0
+    (`repeat_penalty` is HF's repetition penalty). Any other field the server takes may be given
+    too (`logprobs`, `echo`, `n`, `ignore_eos`, `stream_options`, ...)."""
+    body = {k: v for k, v in kw.items() if v is not None}
+    if "repeat_penalty" in body:
+        body["repetition_penalty"] = body.pop("repeat_penalty")
+    if "temperature" not in body:
+        body["temperature"] = 1.0 if ("top_k" in body or "top_p" in body) else 0.0
+    body.setdefault("seed", 0)
+    if stop is not None:
+        body["stop"] = stop
+    body["stream"] = stream
+    return body
 
 
-def _finish(reason: str) -> str:
-    # OpenAI's words: "stop" for an end of text or a stop sequence, "length" for max_tokens.
-    return "length" if reason == "length" else "stop"
-
-
-def _generate_kw(stop: Optional[Union[str, List[str]]], repeat_penalty: float = 1.0, **kw: Any) -> Dict[str, Any]:
-    """llama-cpp-python's keywords as `Model.generate`'s (`repeat_penalty` is HF's repetition penalty)."""
-    return {**kw, "stop": [stop] if isinstance(stop, str) else stop, "repetition_penalty": repeat_penalty}
+def _answer(model: Model, body: Dict[str, Any], chat: bool) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
+    out = model._native.complete(json.dumps(body), chat=chat)
+    if isinstance(out, str):
+        return json.loads(out)
+    return (json.loads(chunk) for chunk in out)
 
 
 def create_completion(model: Model, prompt: Union[str, Sequence[int]], stop: Optional[Union[str, List[str]]] = None,
                       stream: bool = False, **kw: Any) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
     """An OpenAI-shaped completion, as llama-cpp-python's `Llama.create_completion` returns it
-    (`stream=True`: an iterator of chunks). Keywords: `max_tokens` (16), `temperature`, `top_p`,
-    `top_k`, `seed`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`."""
-    args = _generate_kw(stop, **kw)
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": model.config["name"]}
-    if stream:
-        return _completion_chunks(model.stream(prompt, **args), head)
-    r = model.generate(prompt, **args)
-    choice = {"text": r["text"], "index": 0, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}
-    return {**head, "choices": [choice], "usage": _usage(len(r["prompt_ids"]), len(r["ids"]))}
-
-
-def _completion_chunks(s: Stream, head: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
-    for tok in s:
-        if tok["text"]:
-            yield {**head, "choices": [{"text": tok["text"], "index": 0, "logprobs": None, "finish_reason": None}]}
-    r = s.result
-    yield {**head, "choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}]}
+    (`stream=True`: an iterator of chunks), made by the code `kvgpt serve` answers with: the same
+    checks, fields and usage, its sequences batched in the model's engine with every other
+    completion running meanwhile. Keywords: `max_tokens` (16), `temperature`, `top_p`, `top_k`,
+    `seed`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`, and the server's other
+    fields (`logprobs`, `echo`, `n`, `ignore_eos`, `stream_options`, ...)."""
+    prompt = prompt if isinstance(prompt, str) else list(prompt)
+    return _answer(model, {"prompt": prompt, **_body(kw, stop, stream)}, chat=False)
 
 
 def create_chat_completion(model: Model, messages: List[Dict[str, str]], stop: Optional[Union[str, List[str]]] = None,
@@ -95,28 +93,7 @@ def create_chat_completion(model: Model, messages: List[Dict[str, str]], stop: O
                            **kw: Any) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
     """An OpenAI-shaped chat completion over kvgpt's plain chat template (the server's: system
     messages as paragraphs, then `User: …` / `Assistant: …` lines); the answer ends at the next
-    `User:` line, or a stop of yours. The keywords are `create_completion`'s."""
-    stops = [_kvgpt.CHAT_STOP] + ([stop] if isinstance(stop, str) else list(stop or []))
-    args = _generate_kw(stops, max_tokens=max_tokens, **kw)
-    prompt = chat_template(messages)
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model.config["name"]}
-    if stream:
-        return _chat_chunks(model.stream(prompt, **args), head)
-    r = model.generate(prompt, **args)
-    message = {"role": "assistant", "content": r["text"].lstrip()}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": _finish(r["finish_reason"])}
-    return {**head, "choices": [choice], "usage": _usage(len(r["prompt_ids"]), len(r["ids"]))}
-
-
-def _chat_chunks(s: Stream, head: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
-    head = {**head, "object": "chat.completion.chunk"}
-    yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
-    first = True
-    for tok in s:
-        text = tok["text"].lstrip() if first else tok["text"]
-        if text:
-            first = False
-            yield {**head, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-    r = s.result
-    yield {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(r["finish_reason"])}]}
+    `User:` line, or a stop of yours. The keywords are `create_completion`'s (`logprobs: True`
+    with `top_logprobs` for log-probabilities, as the chat endpoint takes them)."""
+    body = {"messages": messages, **_body({"max_tokens": max_tokens, **kw}, stop, stream)}
+    return _answer(model, body, chat=True)

@@ -24,6 +24,12 @@ class CompletionKw(TypedDict, total=False):
     presence_penalty: float
     frequency_penalty: float
     ignore_eos: bool
+    # The server's other fields, checked as `kvgpt serve` checks them.
+    logprobs: Union[int, bool]  # completions: alternatives per token; chat: true, with top_logprobs
+    top_logprobs: int
+    echo: bool
+    n: int
+    stream_options: Dict[str, bool]
 
 # At run time `Model` wraps the native model and hands it every method it does not define itself;
 # for a type checker it has the native model's methods.

@@ -20,3 +20,13 @@ pub(crate) fn py_err(e: kvgpt_core::Error) -> PyErr {
         _ => PyRuntimeError::new_err(msg),
     }
 }
+
+/// An OpenAI-shaped error (the server's 4xx and 5xx) as an exception: a request that was wrong
+/// is `ValueError`, anything else `RuntimeError`; each with the server's message.
+pub(crate) fn api_err(e: kvgpt_core::openai::ApiError) -> PyErr {
+    if e.status.is_client_error() {
+        PyValueError::new_err(e.message)
+    } else {
+        PyRuntimeError::new_err(e.message)
+    }
+}

@@ -5,7 +5,7 @@
 use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
 use kvgpt_core::stop::TextStream;
-use kvgpt_core::{GenerateOptions, Generation, Loaded, Sampling, Sequence, Step};
+use kvgpt_core::{GenerateOptions, Generation, Sampling, Sequence, Step};
 use pyo3::conversion::FromPyObjectOwned;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -25,7 +25,7 @@ struct Ask {
 /// text it shows to `emit` (false: the caller stopped listening), and at the end any text held
 /// back (no token); returns the generation and its whole text.
 fn run(
-    l: &Loaded,
+    l: &Engine,
     ask: &Ask,
     emit: &mut dyn FnMut(Option<u32>, &str) -> bool,
 ) -> kvgpt_core::Result<(Generation, String)> {

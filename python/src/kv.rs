@@ -3,18 +3,17 @@
 
 use crate::errors::py_err;
 use crate::model::{ids_of, Engine, Model};
-use kvgpt_core::{KvPart, Scratch};
+use kvgpt_core::{KvPart, Sampling, Scratch, Sequence};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 
+/// The sequence (its ids, its KV cache, the logits of its last position) and the forward's
+/// buffers.
 struct State {
-    cache: kvgpt_core::KvCache,
+    seq: Sequence,
     scratch: Scratch,
-    ids: Vec<u32>,
-    /// The logits of the last position fed, `[V]`.
-    logits: Vec<f32>,
 }
 
 /// A sequence's K and V, layer by layer, as kvgpt holds them while it decodes.
@@ -37,19 +36,22 @@ impl KvCache {
         let n = cfg.n_positions;
         py.detach(|| {
             let mut s = self.state();
-            if s.ids.len() + new.len() > n {
+            let held = s.seq.ids().len();
+            if held + new.len() > n {
                 return Err(PyValueError::new_err(format!(
-                    "the cache is full: it holds {} of the model's {n} positions, and {} more do not fit",
-                    s.ids.len(),
+                    "the cache is full: it holds {held} of the model's {n} positions, and {} more do not fit",
                     new.len()
                 )));
             }
-            let State { cache, scratch, ids, logits } = &mut *s;
+            let State { seq, scratch } = &mut *s;
             self.e
                 .install(|l| {
-                    l.model.run(new, cache, scratch, logits)?;
-                    ids.extend_from_slice(new);
-                    Ok(())
+                    seq.append_prompt(new)?;
+                    let fed = seq.feed(&l.model, scratch);
+                    if fed.is_err() {
+                        seq.truncate(held); // nothing of a failed feed stays
+                    }
+                    fed
                 })
                 .map_err(py_err)
         })
@@ -61,8 +63,9 @@ impl KvCache {
             return Err(PyIndexError::new_err(format!("layer {layer}: the model has layers 0 to {}", cfg.n_layer - 1)));
         }
         let s = self.state();
-        let data = s.cache.gather(layer, part);
-        Ok(PyArray1::from_vec(py, data).reshape([cfg.n_head, s.cache.len(), cfg.head_dim()])?.into_any())
+        let cache = s.seq.cache();
+        let data = cache.gather(layer, part);
+        Ok(PyArray1::from_vec(py, data).reshape([cfg.n_head, cache.len(), cfg.head_dim()])?.into_any())
     }
 }
 
@@ -71,7 +74,7 @@ impl KvCache {
     /// Positions held.
     #[getter]
     fn length(&self) -> usize {
-        self.state().cache.len()
+        self.state().seq.cache().len()
     }
 
     fn __len__(&self) -> usize {
@@ -81,13 +84,13 @@ impl KvCache {
     /// The ids whose K and V are held.
     #[getter]
     fn ids(&self) -> Vec<u32> {
-        self.state().ids.clone()
+        self.state().seq.ids().to_vec()
     }
 
     /// The logits after the last position fed, `[V]`.
     #[getter]
     fn logits<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<f32>> {
-        PyArray1::from_slice(py, &self.state().logits)
+        PyArray1::from_slice(py, self.state().seq.logits())
     }
 
     /// Layer `layer`'s keys, `[NH, length, HS]` (as Hugging Face's `past_key_values` hold them,
@@ -126,7 +129,12 @@ impl KvCache {
     fn __repr__(&self) -> String {
         let s = self.state();
         let cfg = &self.e.model().config;
-        format!("<kvgpt.KvCache {} positions × {} layers × 2 × {} floats>", s.cache.len(), cfg.n_layer, cfg.n_embd)
+        format!(
+            "<kvgpt.KvCache {} positions × {} layers × 2 × {} floats>",
+            s.seq.cache().len(),
+            cfg.n_layer,
+            cfg.n_embd
+        )
     }
 }
 
@@ -137,10 +145,8 @@ impl Model {
         let ids = ids_of(&self.e, input)?;
         let cfg = &self.e.model().config;
         let state = State {
-            cache: kvgpt_core::KvCache::new(cfg),
+            seq: Sequence::open(self.e.model(), Sampling::GREEDY),
             scratch: Scratch::new(cfg, kvgpt_core::model::CHUNK_ROWS.min(cfg.n_positions)),
-            ids: Vec::new(),
-            logits: vec![0.0; cfg.vocab_size],
         };
         let kv = KvCache { e: self.e.clone(), s: Mutex::new(state) };
         kv.feed(py, &ids)?;

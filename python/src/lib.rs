@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod complete;
 mod errors;
 mod generate;
 mod hooks;
@@ -42,6 +43,7 @@ fn _kvgpt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::Model>()?;
     m.add_class::<kv::KvCache>()?;
     m.add_class::<generate::Stream>()?;
+    m.add_class::<complete::Chunks>()?;
     m.add_class::<view::AttentionView>()?;
     Ok(())
 }

@@ -1,35 +1,86 @@
 //! `kvgpt.load` and the `Model` it returns: tokens in and out, and the loss of a text.
 
 use crate::errors::py_err;
-use kvgpt_core::{KvCache, Loaded, Locate, Scratch, Tap, WeightType};
+use kvgpt_core::engine::{self, EngineConfig, NoMonitor};
+use kvgpt_core::openai::Served;
+use kvgpt_core::{KvCache, Loaded, Locate, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// A loaded model and the threads that run it, shared by everything made from it.
 pub(crate) struct Engine {
-    pub(crate) loaded: Loaded,
+    pub(crate) model: Arc<kvgpt_core::Model>,
+    pub(crate) tokenizer: Tokenizer,
+    pub(crate) files: ModelFiles,
     pool: rayon::ThreadPool,
+    /// The serving engine the OpenAI-shaped completions run in (batched with each other),
+    /// started on the first one.
+    served: OnceLock<Served>,
 }
 
+/// Sequences the completions run at once, and wait for a slot.
+const PARALLEL: usize = 8;
+const MAX_QUEUE: usize = 256;
+/// The completions' prompt cache.
+const CACHE_BYTES: usize = 64 << 20;
+
 impl Engine {
+    fn new(loaded: Loaded, pool: rayon::ThreadPool) -> Engine {
+        let Loaded { model, tokenizer, files } = loaded;
+        Engine { model: Arc::new(model), tokenizer, files, pool, served: OnceLock::new() }
+    }
+
     /// Runs `f` in the model's pool with the GIL released.
     pub(crate) fn run<T: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&Loaded) -> kvgpt_core::Result<T> + Send,
+        f: impl FnOnce(&Engine) -> kvgpt_core::Result<T> + Send,
     ) -> PyResult<T> {
         py.detach(|| self.install(f)).map_err(py_err)
     }
 
     /// Runs `f` in the model's pool (from a thread that holds no GIL).
-    pub(crate) fn install<T: Send>(&self, f: impl FnOnce(&Loaded) -> T + Send) -> T {
-        self.pool.install(|| f(&self.loaded))
+    pub(crate) fn install<T: Send>(&self, f: impl FnOnce(&Engine) -> T + Send) -> T {
+        self.pool.install(|| f(self))
     }
 
     pub(crate) fn model(&self) -> &kvgpt_core::Model {
-        &self.loaded.model
+        &self.model
+    }
+
+    /// The serving engine, started on its own thread (and its own pool of the model's size) the
+    /// first time it is asked for.
+    pub(crate) fn served(&self) -> PyResult<&Served> {
+        if let Some(s) = self.served.get() {
+            return Ok(s);
+        }
+        let threads = self.pool.current_num_threads();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kvgpt-serving-{i}"))
+            .build()
+            .map_err(|e| PyValueError::new_err(format!("could not start {threads} threads: {e}")))?;
+        let cfg = EngineConfig {
+            parallel: PARALLEL,
+            batch_tokens: 256,
+            cache_bytes: CACHE_BYTES,
+            max_queue: MAX_QUEUE,
+            draft: None,
+            kv_event_block_size: None,
+        };
+        let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
+            .map_err(|e| PyValueError::new_err(format!("could not start the engine thread: {e}")))?;
+        let served = Served {
+            tok: self.tokenizer.clone(),
+            name: kvgpt_core::openai::served_name(&self.files.name),
+            aliases: vec!["kvgpt".into(), self.files.name.clone()],
+            engine: spawned.handle,
+        };
+        // Another thread may have started one meanwhile: that one serves, this one ends with its
+        // handle.
+        Ok(self.served.get_or_init(|| served))
     }
 
     /// One forward pass over `ids` from an empty cache, observed by `tap`: the logits of its last
@@ -65,7 +116,7 @@ pub(crate) fn ids_of(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>>
         if text.is_empty() {
             return Err(PyValueError::new_err("the text is empty: give at least one character"));
         }
-        return input.py().detach(|| e.loaded.tokenizer.encode(&text)).map_err(py_err);
+        return input.py().detach(|| e.tokenizer.encode(&text)).map_err(py_err);
     }
     if input.is_instance_of::<pyo3::types::PyBytes>() || input.is_instance_of::<pyo3::types::PyByteArray>() {
         return Err(PyTypeError::new_err("expected a str or a list of token ids, got bytes: decode it to a str first"));
@@ -118,14 +169,14 @@ pub fn load(
             pool.install(|| Locate::from_env(offline).resolve(model).and_then(|f| kvgpt_core::load_holding(&f, dtype)))
         })
         .map_err(py_err)?;
-    Ok(Model { e: Arc::new(Engine { loaded, pool }) })
+    Ok(Model { e: Arc::new(Engine::new(loaded, pool)) })
 }
 
 #[pymethods]
 impl Model {
     /// The model's text and token ids.
     fn tokenize(&self, py: Python<'_>, text: &str) -> PyResult<Vec<u32>> {
-        py.detach(|| self.e.loaded.tokenizer.encode(text)).map_err(py_err)
+        py.detach(|| self.e.tokenizer.encode(text)).map_err(py_err)
     }
 
     /// Text of token ids (bytes that are not whole characters become U+FFFD).
@@ -134,7 +185,7 @@ impl Model {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
             return Err(py_err(kvgpt_core::Error::BadTokenId { id, vocab }));
         }
-        Ok(py.detach(|| self.e.loaded.tokenizer.decode(&ids)))
+        Ok(py.detach(|| self.e.tokenizer.decode(&ids)))
     }
 
     /// The config: layers, heads, widths, context, vocabulary, and how the weights are held.
@@ -142,7 +193,7 @@ impl Model {
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (m, d) = (self.e.model(), PyDict::new(py));
         let c = &m.config;
-        d.set_item("name", &self.e.loaded.files.name)?;
+        d.set_item("name", &self.e.files.name)?;
         d.set_item("n_layer", c.n_layer)?;
         d.set_item("n_head", c.n_head)?;
         d.set_item("n_embd", c.n_embd)?;
@@ -178,6 +229,6 @@ impl Model {
 
     fn __repr__(&self) -> String {
         let m = self.e.model();
-        format!("<kvgpt.Model {} ({} layers, {})>", self.e.loaded.files.name, m.config.n_layer, m.weights_dtype())
+        format!("<kvgpt.Model {} ({} layers, {})>", self.e.files.name, m.config.n_layer, m.weights_dtype())
     }
 }

@@ -48,9 +48,9 @@ impl Model {
             .map(|l| Some(rec.last(Point::AttnProbs(l))?.data.chunks(t * t).collect()))
             .collect::<Option<Vec<Vec<&[f32]>>>>()
             .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("attention weights were not recorded"))?;
-        let (e, title) = (&self.e, format!("attention of {} ({} tokens)", self.e.loaded.files.name, t));
+        let (e, title) = (&self.e, format!("attention of {} ({} tokens)", self.e.files.name, t));
         let page = py.detach(|| {
-            let labels: Vec<String> = ids.iter().map(|&i| e.loaded.tokenizer.token_label(i)).collect();
+            let labels: Vec<String> = ids.iter().map(|&i| e.tokenizer.token_label(i)).collect();
             let (layers, heads): (Vec<usize>, Vec<usize>) = ((0..cfg.n_layer).collect(), (0..cfg.n_head).collect());
             html(&Viewer {
                 title: &title,

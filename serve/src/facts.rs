@@ -4,6 +4,7 @@
 use super::metrics::Limits;
 use super::ServeOptions;
 use kvgpt_core::engine::EngineConfig;
+use kvgpt_core::openai::served_name;
 use kvgpt_core::units::count;
 use kvgpt_core::{KvCache, Loaded};
 use serde_json::{json, Value};
@@ -136,15 +137,4 @@ impl Facts {
             "draft": self.draft.as_ref().map(|(name, _)| name),
         })
     }
-}
-
-/// The default served name: a local folder's or file's name (without `.gguf`), a hub id as it is
-/// (`--model` is a server-side path, which clients need not see).
-fn served_name(spec: &str) -> String {
-    let path = std::path::Path::new(spec);
-    if !path.exists() {
-        return spec.to_string();
-    }
-    let name = if path.is_file() { path.file_stem() } else { path.file_name() };
-    name.map_or_else(|| spec.to_string(), |n| n.to_string_lossy().into_owned())
 }

@@ -2,31 +2,23 @@
 //! work moved off the async threads, the one check of token ids, and the endpoints that need no
 //! engine (health, models, metrics, tokenize, detokenize).
 
-use super::api::{self, ApiError, ApiResult};
+use super::api::{ApiError, ApiResult};
 use super::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kvgpt_core::engine::EngineHandle;
-use kvgpt_core::Tokenizer;
+use kvgpt_core::openai::{self, Served};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the server knows once the model is loaded.
 pub struct Ready {
-    pub tok: Tokenizer,
-    /// The name `/v1/models` shows and responses carry (`--served-model-name`).
-    pub name: String,
-    /// Other names a request's `model` may give: `kvgpt` and the `--model` argument.
-    pub aliases: Vec<String>,
-    pub n_positions: usize,
-    pub vocab: usize,
-    pub eos: u32,
-    pub engine: EngineHandle,
+    /// The tokenizer, the served name (`--served-model-name`) with its aliases (`kvgpt` and the
+    /// `--model` argument), and the engine.
+    pub served: Served,
     /// `/server_info`: what routers read of this worker (names, sizes, the event block size).
     pub server_info: Value,
 }
@@ -100,9 +92,7 @@ pub fn method_of(path: &str) -> Option<&'static Method> {
     ROUTES.iter().find(|(p, _)| *p == path).map(|(_, m)| m)
 }
 
-pub fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
+pub use openai::now_secs;
 
 pub async fn not_found(State(app): State<Shared>, req: HttpRequest) -> ApiError {
     let (parts, body) = req.into_parts();
@@ -191,19 +181,17 @@ pub async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<Str
         }
     }
     if seen > app.max_body {
-        return Err(ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            message: format!("the request body is larger than the server's limit of {} bytes", app.max_body),
-            kind: "invalid_request_error",
-            param: None,
-            code: Some("request_too_large"),
-            retry_after: None,
-        });
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "request_too_large",
+            format!("the request body is larger than the server's limit of {} bytes", app.max_body),
+        ));
     }
     if bytes.len() < OFFLOAD_BYTES {
-        return api::object(&bytes);
+        return Ok(openai::object(&bytes)?);
     }
-    offload(move || api::object(&bytes)).await
+    offload(move || Ok(openai::object(&bytes)?)).await
 }
 
 /// Bodies this large are parsed off the async threads.
@@ -235,14 +223,6 @@ fn stalled(app: &App, seen: usize) -> ApiError {
     )
 }
 
-/// Token ids given in field `param` must be in the vocabulary.
-pub fn check_ids(r: &Ready, ids: &[u32], param: &str) -> ApiResult<()> {
-    match ids.iter().find(|&&i| i as usize >= r.vocab) {
-        Some(&id) => Err(ApiError::bad(param, format!("token id {id} is outside the vocabulary of {}", r.vocab))),
-        None => Ok(()),
-    }
-}
-
 /// 200 when ready; 503 while loading, and while draining after SIGTERM (routers and readiness
 /// probes then send no new work here).
 pub async fn health(State(app): State<Shared>) -> Response {
@@ -258,7 +238,7 @@ pub async fn models(State(app): State<Shared>) -> ApiResult<Json<Value>> {
     let r = ready(&app)?;
     Ok(Json(json!({
         "object": "list",
-        "data": [{"id": r.name, "object": "model", "created": app.started, "owned_by": "kvgpt", "max_model_len": r.n_positions}],
+        "data": [{"id": r.served.name, "object": "model", "created": app.started, "owned_by": "kvgpt", "max_model_len": r.served.n_positions()}],
     })))
 }
 
@@ -268,11 +248,11 @@ pub async fn metrics_text(State(app): State<Shared>) -> Response {
 
 pub async fn tokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<Value>> {
     ready(&app)?;
-    let text = api::text_field(&body_object(&app, body).await?)?;
+    let text = openai::text_field(&body_object(&app, body).await?)?;
     offload(move || {
-        let r = ready(&app)?;
-        let ids = r.tok.encode(&text).map_err(|e| ApiError::bad("content", e.to_string()))?;
-        let pieces: Vec<String> = ids.iter().map(|&i| r.tok.token_text(i)).collect();
+        let tok = &ready(&app)?.served.tok;
+        let ids = tok.encode(&text).map_err(|e| ApiError::bad("content", e.to_string()))?;
+        let pieces: Vec<String> = ids.iter().map(|&i| tok.token_text(i)).collect();
         Ok(Json(json!({"tokens": ids, "pieces": pieces})))
     })
     .await
@@ -280,7 +260,7 @@ pub async fn tokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<V
 
 pub async fn detokenize(State(app): State<Shared>, body: Body) -> ApiResult<Json<Value>> {
     let r = ready(&app)?;
-    let ids = api::tokens_field(&body_object(&app, body).await?)?;
-    check_ids(r, &ids, "tokens")?;
-    offload(move || Ok(Json(json!({"content": ready(&app)?.tok.decode(&ids)})))).await
+    let ids = openai::tokens_field(&body_object(&app, body).await?)?;
+    r.served.check_ids(&ids, "tokens")?;
+    offload(move || Ok(Json(json!({"content": ready(&app)?.served.tok.decode(&ids)})))).await
 }

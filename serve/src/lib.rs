@@ -9,9 +9,9 @@
 //! - `listen`: connections, the header deadline, the bounded drain; `access`: the host check, the
 //!   API key, counting and the log line of every request;
 //! - `http`: shared state, body limits, the endpoints that need no engine;
-//! - `admission`: parse → tokenize → context → submit;
-//! - `responses`: collect, SSE, usage; `endpoint`: what completions and chat do differently;
-//! - `api`: request bodies; `choice`: one sequence's events into text; `metrics`;
+//! - `admission`: read the body, then the core's parse → tokenize → context → submit;
+//! - `responses`: the core's answer as one JSON object or as server-sent events;
+//! - `api`: the core's OpenAI error object as an HTTP response; `metrics`;
 //! - `worker`: what routers read of a replica; `kv_events` (and `kv_wire`, the msgpack form):
 //!   the prompt cache's blocks published for them over ZeroMQ.
 
@@ -20,8 +20,6 @@
 mod access;
 mod admission;
 mod api;
-mod choice;
-mod endpoint;
 mod facts;
 mod hosts;
 mod http;
@@ -40,6 +38,7 @@ use anyhow::{Context, Result};
 use facts::Facts;
 use http::{App, Ready};
 use kvgpt_core::engine::{self, EngineConfig};
+use kvgpt_core::openai::Served;
 use kvgpt_core::speculative::{DraftSpec, Drafting};
 use kvgpt_core::{LoadSpec, Loaded};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -152,16 +151,13 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         p.start(events);
     }
     tracing::info!("{}", facts.banner());
-    let ready = Ready {
+    let served = Served {
         tok: loaded.tokenizer,
         name: facts.name.clone(),
         aliases: vec!["kvgpt".into(), o.load.model.clone()],
-        n_positions: model.config.n_positions,
-        vocab: model.config.vocab_size,
-        eos: model.config.eos_token_id,
         engine: spawned.handle.clone(),
-        server_info: facts.server_info(),
     };
+    let ready = Ready { served, server_info: facts.server_info() };
     let _ = app.ready.set(ready);
 
     let open = server.await.context("the server task failed")?;

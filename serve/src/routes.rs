@@ -1,7 +1,6 @@
 //! The routes, from `http::ROUTES` (the one table of paths and methods), and the two completion
 //! handlers: admission, then one JSON answer or a stream.
 
-use super::endpoint::Endpoint;
 use super::http::{self, Shared};
 use super::{access, admission, responses, worker};
 use axum::body::Body;
@@ -9,6 +8,7 @@ use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json, Router};
+use kvgpt_core::openai::Endpoint;
 use std::sync::Arc;
 
 /// Every route with its handler, behind the access checks.
@@ -67,7 +67,7 @@ async fn respond(app: Shared, tally: Arc<access::Tally>, body: Body, ep: Endpoin
         return e.into_response();
     }
     let out = match admission::start(&app, body, ep, tally).await {
-        Ok(job) if job.params.stream => Ok(responses::stream(app.clone(), job)),
+        Ok(job) if job.job.params.stream => Ok(responses::stream(app.clone(), job)),
         Ok(job) => responses::collect(&app, job).await.map(|v| Json(v).into_response()),
         Err(e) => Err(e),
     };

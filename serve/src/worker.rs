@@ -10,14 +10,15 @@
 //!   ids the engine will prefill (`cache_aware` and `kv_aware` ask every worker for each request);
 //! - `/get_load` (sglang-router's `power_of_two`), `POST /flush_cache`.
 
-use super::admission::{prepare, Prepared};
+use super::admission::prepare;
 use super::api::{ApiError, ApiResult};
-use super::endpoint::Endpoint;
 use super::http::{ready, Shared};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use kvgpt_core::openai::Endpoint;
+use kvgpt_core::openai::Prepared;
 use serde_json::{json, Value};
 
 pub async fn server_info(State(app): State<Shared>) -> ApiResult<Json<Value>> {
@@ -66,7 +67,7 @@ pub async fn kv_event_sources(State(app): State<Shared>) -> ApiResult<Json<Value
 /// Evicts every prompt-cache entry that no running sequence holds.
 pub async fn flush_cache(State(app): State<Shared>) -> ApiResult<Json<Value>> {
     let f =
-        ready(&app)?.engine.flush_cache().await.map_err(|e| {
+        ready(&app)?.served.engine.flush_cache().await.map_err(|e| {
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", "shutting_down", e.to_string())
         })?;
     Ok(Json(json!({"evicted_tokens": f.evicted_tokens, "held_tokens": f.held_tokens})))

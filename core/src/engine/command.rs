@@ -1,8 +1,7 @@
 //! The messages a handle sends to the engine thread.
 
-use super::request::{CancelReason, SeqId};
+use super::request::{CancelReason, Flushed, SeqId};
 use super::slot::Waiting;
-use super::Flushed;
 
 /// Messages to the engine thread.
 pub(super) enum Command {

@@ -4,15 +4,14 @@
 use super::command::Command;
 use super::config::{EngineConfig, Gauges, Monitor};
 use super::policy::{self, Limits, Phase};
-use super::request::{CancelReason, Ending, Event, Usage};
+use super::request::{CancelReason, Ending, Event, Flushed, Usage};
 use super::runner::{Output, Runner};
 use super::slot::{Slot, Waiting};
-use super::Flushed;
 use crate::error::Result;
-use crate::generate::FinishReason;
 use crate::kv_events::{block_event, BlockEvent};
 use crate::model::Model;
 use crate::prefix_cache::PrefixCache;
+use crate::sequence::FinishReason;
 use crate::sequence::Sequence;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};

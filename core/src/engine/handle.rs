@@ -2,9 +2,8 @@
 //! the sequence's event stream; [`EngineHandle::cancel`] ends one early, saying why.
 
 use super::command::Command;
-use super::request::{CancelReason, Events, Request, SeqId, SubmitError};
+use super::request::{CancelReason, Events, Flushed, Request, SeqId, SubmitError};
 use super::slot::Waiting;
-use super::Flushed;
 use crate::error::Error;
 use crate::model::Model;
 use crate::sequence::check_prompt;
@@ -82,6 +81,11 @@ impl EngineHandle {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx.send(Command::FlushCache(tx)).map_err(|_| SubmitError::Stopped)?;
         rx.await.map_err(|_| SubmitError::Stopped)
+    }
+
+    /// The model the engine runs.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
     }
 
     /// Sequences submitted and not yet ended (running or waiting).

@@ -7,7 +7,8 @@
 //! - `runner`: executes a plan's rows as one batched forward and samples;
 //! - `driver`: the loop (commands → plan → execute → update), with an explicit [`Phase`] per
 //!   sequence and a reason for every ending;
-//! - `handle`: submission with its checks and the queue limit, and cancellation.
+//! - `handle`: submission with its checks and the queue limit, and cancellation;
+//! - `text`: a sequence's events as the text a reader sees, and how it ended.
 //!
 //! Because no row's arithmetic reads another row, and each sequence samples from its own seeded
 //! stream, a request's tokens and logprobs are the same bits however it was batched, chunked or
@@ -21,21 +22,15 @@ pub mod policy;
 mod request;
 mod runner;
 mod slot;
+mod text;
 
 pub use crate::kv_events::BlockEvent;
 pub use crate::prefix_cache::{ReuseStop, StopReason};
 pub use config::{EngineConfig, Gauges, Monitor, NoMonitor};
 pub use handle::EngineHandle;
 pub use policy::{Phase, Plan};
-pub use request::{CancelReason, Ending, Event, Events, Request, SeqId, SubmitError, Usage};
-
-/// What flushing the prompt cache did: tokens evicted, and tokens left because running
-/// sequences hold them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Flushed {
-    pub evicted_tokens: u64,
-    pub held_tokens: usize,
-}
+pub use request::{CancelReason, Ending, Event, Events, Flushed, Request, SeqId, SubmitError, Usage};
+pub use text::{block_on, Delta, Ended, TextEvent, TextEvents};
 
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, AtomicUsize};

@@ -2,10 +2,10 @@
 //! [`Event`]s back, and how a sequence ended.
 
 use crate::error::Error;
-use crate::generate::FinishReason;
 use crate::logprobs::TokenLogprob;
 use crate::prefix_cache::ReuseStop;
 use crate::sampler::Sampling;
+use crate::sequence::FinishReason;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -68,6 +68,14 @@ pub struct Usage {
     pub accepted_tokens: usize,
     /// Where reuse of the prompt cache stopped, and why (None with the cache off).
     pub reuse: Option<ReuseStop>,
+}
+
+/// What flushing the prompt cache did: tokens evicted, and tokens left because running
+/// sequences hold them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    pub evicted_tokens: u64,
+    pub held_tokens: usize,
 }
 
 /// Why a front end ends a sequence early.

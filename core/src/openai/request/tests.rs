@@ -2,6 +2,7 @@
 //! type: the parsers return parameters or an OpenAI error naming a field, never panic.
 use super::*;
 use proptest::prelude::*;
+use serde_json::json;
 
 fn value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![

@@ -1,9 +1,10 @@
 //! The two OpenAI endpoints, `/v1/completions` and `/v1/chat/completions`: what differs between
 //! them lives here, as methods of [`Endpoint`], and nowhere else.
 
-use super::api::{self, ApiResult, Params};
-use kvgpt_core::logprobs::TokenLogprob;
-use kvgpt_core::Tokenizer;
+use super::error::ApiResult;
+use super::request::{self as api, Params};
+use crate::logprobs::TokenLogprob;
+use crate::tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
