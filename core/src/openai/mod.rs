@@ -8,6 +8,7 @@
 
 mod endpoint;
 mod error;
+mod job;
 mod request;
 mod response;
 mod served;
@@ -18,7 +19,8 @@ pub use request::{
     chat, chat_template, completion, object, text_field, tokens_field, Message, Params, Prompt, MAX_LOGPROBS, MAX_N,
     MAX_STOP,
 };
-pub use response::{ChoiceChunks, Chunk, Job, StreamHead};
+pub use job::{Job, StreamHead};
+pub use response::{ChoiceChunks, Chunk};
 pub use served::{Prepared, Served};
 
 /// Seconds since the Unix epoch (a response's `created`).

@@ -1,9 +1,8 @@
 //! The answers: every choice collected into one JSON object, or streamed chunk by chunk; and
 //! the usage both report.
 
-use super::endpoint::Endpoint;
 use super::error::{ApiError, ApiResult};
-use super::request::Params;
+use super::job::{Job, StreamHead};
 use super::served::Served;
 use crate::cache_report::Report;
 use crate::engine::{Ended, Events, TextEvent, TextEvents, Usage};
@@ -12,19 +11,6 @@ use crate::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::sync::Arc;
-
-/// A submitted request: prompt `i`, choice `j` is `seqs[i * n + j]`.
-pub struct Job {
-    pub ep: Endpoint,
-    pub id: String,
-    pub created: u64,
-    /// The model's name, as responses carry it.
-    pub model: String,
-    pub params: Params,
-    pub prompt_ids: Vec<Vec<u32>>,
-    pub prompt_texts: Vec<String>,
-    pub seqs: Vec<Events>,
-}
 
 impl Served {
     /// Waits for every choice of `job` and answers with one JSON object; also the usage of each
@@ -64,25 +50,6 @@ impl Served {
             "seed": params.sampling.seed, "choices": choices, "usage": usage});
         Ok((body, usages))
     }
-}
-
-impl Job {
-    /// What every chunk of the answer shares, and each choice's events.
-    pub fn split(self) -> (Arc<StreamHead>, Vec<Events>) {
-        let Job { ep, id, created, model, params, prompt_ids, prompt_texts, seqs } = self;
-        (Arc::new(StreamHead { ep, id, created, model, params, prompt_ids, prompt_texts }), seqs)
-    }
-}
-
-/// A request's answer apart from its choices: its header, its parameters and its prompts.
-pub struct StreamHead {
-    pub ep: Endpoint,
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-    pub params: Params,
-    pub prompt_ids: Vec<Vec<u32>>,
-    pub prompt_texts: Vec<String>,
 }
 
 impl StreamHead {

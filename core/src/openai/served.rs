@@ -6,7 +6,7 @@
 use super::endpoint::Endpoint;
 use super::error::{ApiError, ApiResult, Status};
 use super::request::{Params, Prompt};
-use super::response::Job;
+use super::job::Job;
 use crate::engine::{EngineHandle, Request, SubmitError};
 use crate::tokenizer::Tokenizer;
 
