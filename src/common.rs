@@ -205,30 +205,6 @@ pub fn print_json(v: &serde_json::Value) -> Result<()> {
     crate::out::line(format_args!("{}", serde_json::to_string_pretty(v)?))
 }
 
-/// Refuses an output path that is one of the files the command reads.
-pub fn refuse_input_path(
-    out: &std::path::Path,
-    files: &ModelFiles,
-    prompt_file: Option<&std::path::Path>,
-) -> Result<()> {
-    // A new file cannot be an input; an existing one (or a symlink to one, as in an HF cache
-    // snapshot) is compared by the file it resolves to.
-    let Ok(target) = out.canonicalize() else { return Ok(()) };
-    let mut inputs = vec![files.config.clone(), files.weights.clone()];
-    inputs.extend(files.tokenizer.paths());
-    inputs.extend(prompt_file.map(std::path::Path::to_path_buf));
-    for input in inputs {
-        if input.canonicalize().is_ok_and(|p| p == target) {
-            anyhow::bail!(
-                "{} is one of this command's inputs ({}); choose another output file",
-                out.display(),
-                input.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 /// How tokens are chosen: the flags `generate` and `chat` share.
 #[derive(Args)]
 pub struct SamplingArgs {

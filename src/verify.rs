@@ -71,10 +71,9 @@ pub fn run(cmd: VerifyCmd) -> Result<Outcome> {
     let loaded = load(&c.model)?;
     let ids = prompt_ids(&loaded, &text)?;
     let (what, cmp) = match &cmd {
-        VerifyCmd::Cache { steps, .. } => (
-            "cached vs uncached decode",
-            cache_vs_recompute(&loaded.model, &ids, *steps as usize, tolerance, &mut |_, _| {})?,
-        ),
+        VerifyCmd::Cache { steps, .. } => {
+            ("cached vs uncached decode", cache_vs_recompute(&loaded.model, &ids, *steps as usize, tolerance)?)
+        }
         VerifyCmd::Reference { logits, tensor, .. } => {
             let (shape, data) = kvgpt_core::export::read(logits, tensor.as_deref())?;
             ("engine vs reference logits", against_reference(&loaded.model, &ids, &shape, &data, tolerance)?)

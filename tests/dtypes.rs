@@ -34,7 +34,7 @@ fn sixteen_bit_and_int8_weights_track_f32() {
             worst = worst.max(c.max_abs_diff);
         }
         // Cached and uncached decoding stay bit-identical whatever the storage type.
-        let cached = kvgpt_views::verify::cache_vs_recompute(&model, &prompts[1].ids, 20, 0.0, &mut |_, _| {}).unwrap();
+        let cached = kvgpt_views::verify::cache_vs_recompute(&model, &prompts[1].ids, 20, 0.0).unwrap();
         assert!(cached.passes() && cached.max_abs_diff == 0.0, "{} cached vs uncached: {cached:?}", ty.name());
         let (agree, kl) = (agree / n as f64, kl / n as f64);
         println!(

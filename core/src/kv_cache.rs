@@ -200,6 +200,7 @@ impl KvCache {
     }
 
     /// Mutable access to one layer's store, for tests that corrupt a cache on purpose.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn layer_mut(&mut self, l: usize) -> &mut LayerKv {
         &mut self.layers[l]
     }

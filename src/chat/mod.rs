@@ -1,9 +1,6 @@
-//! `kvgpt chat`: an interactive session that keeps the KV cache between turns.
-//!
-//! The turn template (GPT-2 has none; the same plain one as the server's chat endpoint): an
-//! optional system text and a blank line, then per turn `User: <line>` and `Assistant:` on the
-//! next line; the answer is the model's text up to the end of its line. Each turn's text (and the
-//! opening) is tokenized on its own and appended to the conversation's ids.
+//! `kvgpt chat`: an interactive session that keeps the KV cache between turns, on a terminal:
+//! the line editor (`input`), each answer streamed (`answer`), Ctrl-C; the session itself (the
+//! conversation, its opening and what each command does) is `kvgpt_views::chat`.
 
 mod answer;
 mod input;
@@ -13,7 +10,8 @@ use answer::Answering;
 use anyhow::{Context, Result};
 use clap::Args;
 use input::{Input, Line};
-use kvgpt_core::chat::Chat;
+use kvgpt_core::hub::ModelFiles;
+use kvgpt_views::chat::{Command, Session, HELP};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -45,64 +43,36 @@ pub struct ChatArgs {
     pub no_history: bool,
 }
 
-const HELP: &str = "commands: /regen (answer the last turn again), /undo (take back the last turn), /system TEXT \
-(the text that opens the conversation; /system alone shows it), /reset (start over), /save FILE, /load FILE (the \
-conversation and its K/V, as --prompt-cache files), /stats, /help, /quit. A line ending in \\ goes on to the next; \
-the arrow keys edit and recall earlier lines. Ctrl-C stops an answer or clears the line; on an empty line, Ctrl-C, \
-Ctrl-D or /quit ends the session";
-
 pub fn run(a: &ChatArgs) -> Result<Outcome> {
     let sampling = a.sampling.sampling()?;
     let loaded = load(&a.model)?;
     let (model, tok) = (&loaded.model, &loaded.tokenizer);
-    let n = model.config.n_positions;
-    if let Some(k) = a.keep.filter(|&k| k as usize >= n) {
-        anyhow::bail!("--keep {k}: it must be below the model's context of {n} positions, to leave room for a turn");
-    }
+    let keep = a.keep.map(|k| k as usize);
+    let mut session = Session::new(model, tok, sampling, a.system.clone(), keep).map_err(anyhow::Error::msg)?;
     let history = if a.no_history { None } else { a.history.clone().or_else(input::default_history) };
     let mut input = Input::open(history)?;
-    // Ctrl-C during an answer stops the answer only. At the prompt the line editor reads it as
-    // a key; when the input is not a terminal, a Ctrl-C there ends the session (as in a shell).
-    let at_prompt = Arc::new(AtomicBool::new(true));
-    let interrupted = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register_conditional_shutdown(signal_hook::consts::SIGINT, 130, at_prompt.clone())
-        .context("could not install the Ctrl-C handler")?;
-    signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted.clone())
-        .context("could not install the Ctrl-C handler")?;
-
+    let keys = Keys::install()?;
     let drafting = a.draft.load(&a.model, &loaded)?;
-    let mut chat = Chat::new(model, sampling);
     if let Some(d) = &drafting {
-        chat.speculate(&d.config);
+        session.chat.speculate(&d.config);
     }
     let answering = Answering {
         model,
         tok,
-        interrupted: &interrupted,
+        interrupted: &keys.interrupted,
         draft: drafting.as_ref().map(|d| d.name.as_str()),
         max_new: a.max_new_tokens as usize,
     };
-    // The opening (system text and a blank line) goes before the first turn of an empty
-    // conversation; `opening_len` is how many ids of the conversation it is once it has been.
-    let opening_of = |s: &Option<String>| s.as_ref().map(|s| format!("{s}\n\n")).unwrap_or_default();
-    let mut system = a.system.clone();
-    let mut opening_len = 0usize;
-    let mut line_open = false; // the last answer did not end its line
     errln!(
         "kvgpt chat: {} ({} positions of context, {}), {}. {HELP}",
         loaded.files.name,
-        n,
+        model.config.n_positions,
         model.weights_dtype(),
         crate::common::sampler_words(&sampling)
     );
     loop {
         crate::out::flush()?;
-        // Clearing the turn's flag first leaves no moment where a Ctrl-C is lost.
-        interrupted.store(false, Ordering::SeqCst);
-        at_prompt.store(true, Ordering::SeqCst);
-        let read = input.read()?;
-        at_prompt.store(false, Ordering::SeqCst);
-        let line = match read {
+        let line = match keys.read(&mut input)? {
             Line::Text(t) => t,
             Line::End => {
                 outln!("");
@@ -113,150 +83,88 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
                 std::process::exit(130);
             }
         };
-        let line = line.trim_end_matches(['\n', '\r']);
-        match line.split_once(' ').map_or((line, ""), |(c, r)| (c, r.trim())) {
-            ("/quit" | "/exit", _) => return Ok(Outcome::Done),
-            ("/help", _) => {
-                outln!("{HELP}");
-                continue;
-            }
-            ("/reset", _) => {
-                chat.reset()?;
-                (opening_len, line_open) = (0, false);
-                outln!("(the conversation and its cache are cleared)");
-                continue;
-            }
-            ("/undo", _) => {
-                match chat.undo() {
-                    Some(removed) => {
-                        if chat.ids().is_empty() {
-                            // Back to the start (the first turn holds the opening): the opening
-                            // goes before the next turn again.
-                            opening_len = 0;
-                        }
-                        line_open = !chat.ids().is_empty() && !tok.decode(chat.ids()).ends_with('\n');
-                        outln!(
-                            "(took back the last turn: {}; {} left)",
-                            kvgpt_core::units::count(removed, "token"),
-                            kvgpt_core::units::count(chat.ids().len(), "token")
-                        );
-                    }
-                    None => errln!("error: there is no turn to take back (none since the start, /load or --keep)"),
-                }
-                continue;
-            }
-            ("/regen", _) => {
-                let Some((_, answer_at)) = chat.last_turn() else {
-                    errln!("error: there is no answer to generate again (none since the start, /load or --keep)");
-                    continue;
-                };
-                let room = n - answer_at;
-                line_open = !answering.stream(&mut chat, |c, max, f| c.regenerate(model, max, f), room)?;
-                continue;
-            }
-            ("/system", "") => {
-                match &system {
-                    Some(s) => outln!("(the system text: {s:?})"),
-                    None => outln!("(no system text; /system TEXT sets one)"),
-                }
-                continue;
-            }
-            ("/system", text) => {
-                let wanted = Some(text.to_string());
-                if chat.ids().is_empty() {
-                    system = wanted;
-                    outln!("(the system text opens the conversation from the next turn)");
-                } else {
-                    let new = tok.encode(&opening_of(&wanted))?;
-                    match chat.replace_opening(opening_len, &new) {
-                        Ok(()) => {
-                            system = wanted;
-                            let moved = chat.ids().len() - chat.cached();
-                            opening_len = new.len();
-                            outln!(
-                                "(the system text is set; the next turn computes {} again: they moved)",
-                                kvgpt_core::units::count(moved, "position")
-                            );
-                        }
-                        Err(e) => errln!("error: {e}"),
-                    }
-                }
-                continue;
-            }
-            ("/stats", _) => {
-                outln!(
-                    "({} tokens in the conversation, {} with K/V cached ({} bytes of {}), {} positions left)",
-                    chat.ids().len(),
-                    chat.cached(),
-                    kvgpt_core::KvCache::bytes_per_position(&model.config) * chat.cached(),
-                    kvgpt_core::KvCache::bytes_per_position(&model.config) * n,
-                    chat.room(model)
-                );
-                continue;
-            }
-            ("/save", "") | ("/load", "") => {
-                errln!("error: {line} needs a file name, e.g. {line} chat.kvc");
-                continue;
-            }
-            ("/save", file) => {
-                let path = PathBuf::from(file);
-                match crate::common::refuse_input_path(&path, &loaded.files, None)
-                    .and_then(|()| Ok(chat.save(model, &path)?))
-                {
-                    Ok(()) => outln!("(saved {} tokens and their K/V to {file})", chat.ids().len()),
-                    Err(e) => errln!("error: {e}"),
-                }
-                continue;
-            }
-            ("/load", file) => {
-                match chat.load(model, &PathBuf::from(file)) {
-                    Ok(len) => {
-                        // The loaded conversation has an opening of its own, if any: a /system
-                        // from here goes before it.
-                        (opening_len, system) = (0, None);
-                        line_open = !tok.decode(chat.ids()).ends_with('\n');
-                        outln!("(loaded {len} tokens and their K/V from {file}; the conversation goes on from there)");
-                    }
-                    Err(e) => errln!("error: {e}"),
-                }
-                continue;
-            }
-            ("", _) => continue,
-            (c, _) if c.starts_with('/') => {
-                errln!("error: unknown command {c}; {HELP}");
-                continue;
-            }
-            _ => {}
+        match Command::parse(line.trim_end_matches(['\n', '\r'])) {
+            Ok(Command::Quit) => return Ok(Outcome::Done),
+            Ok(command) => apply(&mut session, command, &answering, &loaded.files)?,
+            Err(e) => errln!("error: {e}"),
         }
-        // The opening and the turn are tokenized each on its own, so the opening's ids stay the
-        // same whatever follows (what /system replaces).
-        let first = chat.ids().is_empty();
-        let opening_ids = if first { tok.encode(&opening_of(&system))? } else { Vec::new() };
-        let text = format!("{}User: {line}\nAssistant:", if line_open { "\n" } else { "" });
-        let new = [opening_ids.clone(), tok.encode(&text)?].concat();
-        if new.len() + 1 > chat.room(model) {
-            match a.keep {
-                Some(keep) if new.len() < n - (keep as usize).min(chat.ids().len()) => {
-                    let kept = chat.keep_last(model, keep as usize)?;
-                    opening_len = 0;
-                    errln!("[kvgpt] the context was full: kept the last {kept} tokens and computed their K/V again");
+    }
+}
+
+/// Does what `command` asks of the session, saying what it did on stdout, or why not on stderr.
+fn apply(s: &mut Session, command: Command, answering: &Answering, files: &ModelFiles) -> Result<()> {
+    let said = match command {
+        Command::Quit | Command::Nothing => return Ok(()),
+        Command::Help => Ok(HELP.to_string()),
+        Command::Reset => Ok(s.reset()?),
+        Command::Undo => s.undo(),
+        Command::ShowSystem => Ok(s.show_system()),
+        Command::SetSystem(text) => s.set_system(&text)?,
+        Command::Stats => Ok(s.stats()),
+        Command::Save(path) => s.save(&path, files),
+        Command::Load(path) => s.load(&path),
+        Command::Regen => {
+            let model = answering.model;
+            match s.regen_room() {
+                Ok(room) => {
+                    let ended_line = answering.stream(&mut s.chat, |c, max, f| c.regenerate(model, max, f), room)?;
+                    s.answered(ended_line);
+                    return Ok(());
                 }
-                _ => {
-                    errln!(
-                        "error: the context is full: this turn needs {} positions and {} of {n} are left. /reset \
-                         starts over; /save FILE keeps this conversation first; or restart with --keep N to keep \
-                         the last N tokens (their K/V computed again: GPT-2's positions cannot be shifted)",
-                        new.len() + 1,
-                        chat.room(model)
-                    );
-                    continue;
-                }
+                Err(e) => Err(e),
             }
         }
-        if first {
-            opening_len = opening_ids.len();
+        Command::Turn(line) => return turn(s, &line, answering),
+    };
+    match said {
+        Ok(text) => outln!("{text}"),
+        Err(e) => errln!("error: {e}"),
+    }
+    Ok(())
+}
+
+/// A turn: its ids made to fit the context, then its answer streamed.
+fn turn(s: &mut Session, line: &str, answering: &Answering) -> Result<()> {
+    let next = match s.next_turn(line)? {
+        Ok(next) => next,
+        Err(e) => {
+            errln!("error: {e}");
+            return Ok(());
         }
-        let room = chat.room(model) - new.len();
-        line_open = !answering.stream(&mut chat, |c, max, f| c.turn(model, &new, max, f), room)?;
+    };
+    if let Some(note) = &next.note {
+        errln!("[kvgpt] {note}");
+    }
+    let model = answering.model;
+    let ended_line = answering.stream(&mut s.chat, |c, max, f| c.turn(model, &next.ids, max, f), next.room)?;
+    s.answered(ended_line);
+    Ok(())
+}
+
+/// Ctrl-C: during an answer it stops the answer only. At the prompt the line editor reads it as
+/// a key; when the input is not a terminal, a Ctrl-C there ends the session (as in a shell).
+struct Keys {
+    at_prompt: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+}
+
+impl Keys {
+    fn install() -> Result<Keys> {
+        let keys = Keys { at_prompt: Arc::new(AtomicBool::new(true)), interrupted: Arc::new(AtomicBool::new(false)) };
+        signal_hook::flag::register_conditional_shutdown(signal_hook::consts::SIGINT, 130, keys.at_prompt.clone())
+            .context("could not install the Ctrl-C handler")?;
+        signal_hook::flag::register(signal_hook::consts::SIGINT, keys.interrupted.clone())
+            .context("could not install the Ctrl-C handler")?;
+        Ok(keys)
+    }
+
+    /// Reads a line at the prompt.
+    fn read(&self, input: &mut Input) -> Result<Line> {
+        // Clearing the turn's flag first leaves no moment where a Ctrl-C is lost.
+        self.interrupted.store(false, Ordering::SeqCst);
+        self.at_prompt.store(true, Ordering::SeqCst);
+        let read = input.read();
+        self.at_prompt.store(false, Ordering::SeqCst);
+        read
     }
 }

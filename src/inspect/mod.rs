@@ -122,7 +122,7 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
         let files = crate::common::locate(&c.io.model)?;
         for p in outputs {
             check_writable(p)?;
-            crate::common::refuse_input_path(p, &files, c.io.prompt.prompt_file.as_deref())?;
+            files.refuse_as_output(p, c.io.prompt.prompt_file.as_deref())?;
         }
     }
     match &cmd {

@@ -14,6 +14,9 @@ pub mod bench;
 pub mod info;
 pub mod verify;
 
+// A conversation, turn by turn.
+pub mod chat;
+
 // The prompt cache, replayed offline.
 pub mod cache_replay;
 

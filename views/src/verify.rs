@@ -73,15 +73,30 @@ impl Compare {
 
 /// Greedy decode of `steps` tokens with the cache, and at every step the same sequence
 /// recomputed from scratch without it; compares the two logit rows (reference: uncached).
-///
-/// `tamper` is called with the cache before every decode step (step numbers from 1); the CLI
-/// passes a no-op, tests use it to corrupt the cache on purpose.
-pub fn cache_vs_recompute(
+pub fn cache_vs_recompute(model: &Model, prompt_ids: &[u32], steps: usize, tolerance: f32) -> Result<Comparison> {
+    compare_cached(model, prompt_ids, steps, tolerance, &mut |_, _| {})
+}
+
+/// As [`cache_vs_recompute`], with `tamper` called on the cache before every decode step (step
+/// numbers from 1): tests corrupt it on purpose, to see the comparison fail.
+#[cfg(feature = "test-hooks")]
+pub fn cache_vs_recompute_tampered(
     model: &Model,
     prompt_ids: &[u32],
     steps: usize,
     tolerance: f32,
     tamper: &mut dyn FnMut(&mut KvCache, usize),
+) -> Result<Comparison> {
+    compare_cached(model, prompt_ids, steps, tolerance, &mut |seq, step| tamper(seq.cache_mut(), step))
+}
+
+/// The comparison, with `before_step` called on the cached sequence before every decode step.
+fn compare_cached(
+    model: &Model,
+    prompt_ids: &[u32],
+    steps: usize,
+    tolerance: f32,
+    before_step: &mut dyn FnMut(&mut Sequence, usize),
 ) -> Result<Comparison> {
     let greedy = Sampling::GREEDY;
     let mut cached = Sequence::new(model, prompt_ids, steps, greedy)?;
@@ -93,7 +108,7 @@ pub fn cache_vs_recompute(
     let mut cmp = Compare::new(tolerance);
     for step in 0..steps {
         if step > 0 {
-            tamper(cached.cache_mut(), step);
+            before_step(&mut cached, step);
         }
         cached.feed(model, &mut s1)?;
         fresh.forget_cache();

@@ -36,4 +36,3 @@ pub struct StreamHead {
     pub prompt_ids: Vec<Vec<u32>>,
     pub prompt_texts: Vec<String>,
 }
-

@@ -15,11 +15,11 @@ mod served;
 
 pub use endpoint::Endpoint;
 pub use error::{ApiError, ApiResult, Status};
+pub use job::{Job, StreamHead};
 pub use request::{
     chat, chat_template, completion, object, text_field, tokens_field, Message, Params, Prompt, MAX_LOGPROBS, MAX_N,
     MAX_STOP,
 };
-pub use job::{Job, StreamHead};
 pub use response::{ChoiceChunks, Chunk};
 pub use served::{Prepared, Served};
 

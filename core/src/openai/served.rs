@@ -5,8 +5,8 @@
 
 use super::endpoint::Endpoint;
 use super::error::{ApiError, ApiResult, Status};
-use super::request::{Params, Prompt};
 use super::job::Job;
+use super::request::{Params, Prompt};
 use crate::engine::{EngineHandle, Request, SubmitError};
 use crate::tokenizer::Tokenizer;
 

@@ -2,12 +2,19 @@
 //! sampler and the logits of its last fed position. The step API that `generate`, `verify`,
 //! `bench`, `inspect` and the server share: schedule some of the pending tokens, run a forward
 //! (alone or batched with other sequences), sample.
+//!
+//! Beside this core: [`drafting`] (speculative decoding's draft, proposed before a feed and
+//! verified by [`Sequence::sample`]) and [`editing`] (a sequence grown, cut back and restarted
+//! turn by turn: a chat, and Python's KV cache).
+
+mod drafting;
+mod editing;
 
 use crate::error::{Error, Result};
 use crate::kv_cache::{KvCache, KvSpan};
 use crate::model::{Model, Rows, Scratch};
 use crate::sampler::{Sampler, Sampling};
-use crate::speculative::{DraftConfig, Speculation};
+use crate::speculative::Speculation;
 use crate::tap::Tap;
 
 /// How a sequence's generation ended.
@@ -70,14 +77,8 @@ impl Sequence {
         Ok(seq)
     }
 
-    /// A sequence with no ids yet and room for the model's whole context, extended turn by turn
-    /// with [`Sequence::append_prompt`] (a chat).
-    pub fn open(model: &Model, sampling: Sampling) -> Sequence {
-        Sequence::with_capacity(model, model.config.n_positions, sampling)
-    }
-
     /// Empty, with a cache of `capacity` positions (ids may hold one more: the last is never fed).
-    fn with_capacity(model: &Model, capacity: usize, sampling: Sampling) -> Sequence {
+    pub(super) fn with_capacity(model: &Model, capacity: usize, sampling: Sampling) -> Sequence {
         let cfg = &model.config;
         Sequence {
             ids: Vec::with_capacity(capacity + 1),
@@ -90,67 +91,6 @@ impl Sequence {
             drafted: 0,
             spec: None,
             vocab: cfg.vocab_size,
-        }
-    }
-
-    /// Appends `new` ids, and makes the whole sequence so far the prompt (what penalties and
-    /// [`Sequence::generated`] count from): a chat's next turn. Errors if an id is not in the
-    /// vocabulary or the ids, all fed, would not fit the cache.
-    pub fn append_prompt(&mut self, new: &[u32]) -> Result<()> {
-        if let Some(&id) = new.iter().find(|&&id| id as usize >= self.vocab) {
-            return Err(Error::BadTokenId { id, vocab: self.vocab });
-        }
-        self.cache.check_room(self.ids.len() + new.len() - self.cache.len())?;
-        self.ids.extend_from_slice(new);
-        self.prompt_len = self.ids.len();
-        Ok(())
-    }
-
-    /// Decodes speculatively from now on, with this draft (see [`crate::speculative`]).
-    pub fn speculate(&mut self, spec: Speculation) {
-        self.logits.resize((1 + spec.max_k) * self.vocab, 0.0);
-        self.spec = Some(spec);
-    }
-
-    /// Decodes speculatively from now on with a draft made by `cfg`, sized for this sequence.
-    pub fn speculate_with(&mut self, cfg: &DraftConfig) {
-        self.speculate(cfg.speculation(self.cache.capacity() + 1));
-    }
-
-    /// Decodes without a draft from now on.
-    pub fn stop_speculating(&mut self) {
-        self.spec = None;
-    }
-
-    /// The draft and what it did, if this sequence decodes speculatively.
-    pub fn speculation(&self) -> Option<&Speculation> {
-        self.spec.as_ref()
-    }
-
-    /// Drafts the tokens the next feed verifies, if this sequence decodes speculatively and has
-    /// chosen its last token (one pending), as one of `batch` sequences decoding together;
-    /// returns how many were drafted. They are fed after the last token and verified by
-    /// [`Sequence::sample`].
-    pub fn draft(&mut self, batch: usize) -> Result<usize> {
-        let Some(spec) = &mut self.spec else { return Ok(0) };
-        if self.ids.len() != self.cache.len() + 1 {
-            return Ok(0);
-        }
-        // Every drafted token is fed, so they must fit the cache; the last chosen token never is.
-        let room = self.cache.capacity().saturating_sub(self.ids.len());
-        let k = spec.plan(room, batch);
-        spec.propose(&self.ids, k)?;
-        self.ids.extend_from_slice(&spec.proposed);
-        self.drafted = spec.proposed.len();
-        Ok(self.drafted)
-    }
-
-    /// Has the draft (if any) take in what the cache holds, once the prompt is computed, so
-    /// its prefill is not part of the first decode step.
-    pub fn prefill_draft(&mut self) -> Result<()> {
-        match &mut self.spec {
-            Some(spec) => spec.prefill(&self.ids[..self.cache.len()]),
-            None => Ok(()),
         }
     }
 
@@ -248,15 +188,6 @@ impl Sequence {
         self.new = self.new.min(n);
     }
 
-    /// Keeps only the first `len` ids (and K/V of at most those): back to an earlier point of a
-    /// conversation. What follows is pending again, to be fed.
-    pub fn truncate(&mut self, len: usize) {
-        self.ids.truncate(len);
-        self.prompt_len = self.prompt_len.min(len);
-        self.cache.truncate(self.cache.len().min(len));
-        (self.chosen, self.new, self.drafted) = (0, 0, 0);
-    }
-
     /// Appends a token chosen elsewhere (forced decoding, or the other side of a comparison).
     /// Whether it fits the cache is checked when it is fed (the last token never is).
     pub fn push(&mut self, id: u32) -> Result<()> {
@@ -264,18 +195,6 @@ impl Sequence {
             return Err(Error::BadTokenId { id, vocab: self.vocab });
         }
         self.ids.push(id);
-        Ok(())
-    }
-
-    /// Starts over with another prompt, keeping the cache's memory (its capacity stays) and the
-    /// sampler's stream.
-    pub fn restart(&mut self, prompt: &[u32]) -> Result<()> {
-        self.cache.reset();
-        self.cache.check_room(prompt.len())?;
-        self.ids.clear();
-        self.ids.extend_from_slice(prompt);
-        self.prompt_len = prompt.len();
-        (self.chosen, self.new, self.drafted) = (0, 0, 0);
         Ok(())
     }
 
@@ -299,6 +218,7 @@ impl Sequence {
     }
 
     /// Mutable access to the cache, for tests that corrupt it on purpose.
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn cache_mut(&mut self) -> &mut KvCache {
         &mut self.cache
     }

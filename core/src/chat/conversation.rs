@@ -8,36 +8,16 @@
 //! conversation holds exactly what was shown.
 
 use crate::error::{Error, Result};
+use crate::generate::Step;
+use crate::kv_cache::KvCache;
 use crate::model::CHUNK_ROWS;
+use crate::model::{Model, Scratch};
 use crate::prompt_file;
+use crate::sampler::Sampling;
+use crate::sequence::Sequence;
 use crate::speculative::{DraftConfig, DraftStats};
-use crate::{KvCache, Model, Sampling, Scratch, Sequence, Step};
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// Where a chat answer ends even without a stop of the client's: the next turn's label.
-pub const CHAT_STOP: &str = "\nUser:";
-
-/// The message roles [`template`] takes.
-pub const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
-
-/// GPT-2 has no chat template of its own; this plain one (the server's, documented in README.md)
-/// takes `(role, content)` messages: system (or developer) messages first, as paragraphs; then
-/// `User: …` and `Assistant: …` lines; then `Assistant:` for the answer. Other roles are left out.
-pub fn template<'a>(messages: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> String {
-    let mut s = String::new();
-    for (_, content) in messages.clone().filter(|(role, _)| *role == "system" || *role == "developer") {
-        s.push_str(content.trim());
-        s.push_str("\n\n");
-    }
-    for (role, content) in messages.filter(|(role, _)| *role == "user" || *role == "assistant") {
-        s.push_str(if role == "user" { "User: " } else { "Assistant: " });
-        s.push_str(content.trim());
-        s.push('\n');
-    }
-    s.push_str("Assistant:");
-    s
-}
 
 /// The conversation is one [`Sequence`] that grows turn by turn: each turn's text is appended as
 /// its prompt, and the answer decoded after it (speculatively, with a draft).
