@@ -1,4 +1,4 @@
-//! GGUF files written by llama.cpp's converter (scripts/make_fixture_gguf.sh) from the fixture:
+//! GGUF files written by llama.cpp's converter (scripts/fixtures/make_fixture_gguf.sh) from the fixture:
 //! the F32 one gives the safetensors source's bits, the F16 one the bits of the source held as
 //! f16, Q8_0 tracks HF; the tokenizer comes from the GGUF's metadata and gives HF's ids.
 

@@ -1,5 +1,5 @@
 //! GGUFs of llama.cpp's block types, written by llama.cpp itself from the fixture
-//! (`scripts/make_fixture_gguf.sh`: the converter for Q8_0, `llama-quantize --pure` for Q4_0,
+//! (`scripts/fixtures/make_fixture_gguf.sh`: the converter for Q8_0, `llama-quantize --pure` for Q4_0,
 //! Q4_1, Q5_0 and Q5_1): held as the file stores them by default, they are the blocks `--dtype`
 //! makes of the safetensors source (llama.cpp's reference quantizers), so the logits are the same
 //! bits; the weights held are the file's, widened exactly; and they track Hugging Face's logits.

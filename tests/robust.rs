@@ -362,7 +362,7 @@ fn messages_name_the_real_problem() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).matches("Is a directory").count(), 1);
 }
 
-// ---- Found by fuzzing (scripts/fuzz.sh, target `tokenizer`): the tokenizers library panicked
+// ---- Found by fuzzing (scripts/fuzz/fuzz.sh, target `tokenizer`): the tokenizers library panicked
 // on a syntax error inside the `decoder` object.
 
 #[test]

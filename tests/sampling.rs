@@ -1,5 +1,5 @@
 //! The sampling people expect: HF's repetition penalty against HF's `generate()`
-//! (tests/fixtures/sampling_reference.json, from scripts/make_sampling_reference.py), stop strings
+//! (tests/fixtures/sampling_reference.json, from scripts/fixtures/make_sampling_reference.py), stop strings
 //! against HF's greedy text, and what `--json` and the stats line report.
 
 mod common;

@@ -1,6 +1,6 @@
 //! `kvgpt score` against Hugging Face: the loss of `labels=ids` (whole texts), the sliding-window
 //! loss of HF's perplexity guide (tests/fixtures/score_reference.json, written by
-//! scripts/make_score_reference.py), and each token's surprisal and rank from HF's logits.
+//! scripts/fixtures/make_score_reference.py), and each token's surprisal and rank from HF's logits.
 
 mod common;
 

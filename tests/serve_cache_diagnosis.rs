@@ -1,5 +1,5 @@
 //! The server's prompt-cache diagnosis (`usage.prompt_cache`) on the paths the openai client's
-//! checks (scripts/openai_cache_checks.py) do not take: several prompts in one request, `n` > 1,
+//! checks (scripts/openai/openai_cache_checks.py) do not take: several prompts in one request, `n` > 1,
 //! the chat endpoint, the cache turned off, and bad `kvgpt` options. Where reuse must stop comes
 //! from Hugging Face's `tokenizers` library reading the fixture's tokenizer.json, not from kvgpt.
 

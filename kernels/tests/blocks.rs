@@ -1,7 +1,7 @@
 //! llama.cpp's block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) and W8A8's integer
 //! path, against a decoder and a matmul written here from the formats' definitions, which are in
 //! turn checked against gguf-py, llama.cpp's own Python reader and writer
-//! (`tests/fixtures/ggml_blocks.json`, made by `scripts/make_ggml_reference.py`).
+//! (`tests/fixtures/ggml_blocks.json`, made by `scripts/fixtures/make_ggml_reference.py`).
 
 mod common;
 

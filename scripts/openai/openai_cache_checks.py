@@ -1,7 +1,7 @@
 """The prompt cache's miss diagnosis over HTTP, through the official `openai` client (`extra_body`),
 checked against Hugging Face's `tokenizers` package reading the model's own tokenizer.json: the
 position where reuse must stop is the first token id where the two prompts differ, computed here,
-not by kvgpt. Imported by scripts/openai_client.py.
+not by kvgpt. Imported by scripts/openai/openai_client.py.
 
 The cases: the article's (a system prompt with a `Current time:` line, two requests a minute apart),
 one changed word in the middle of a long shared prefix, the same diagnosis in a streamed usage, and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/fleet.py's processes: the replicas (`kvgpt serve`), the registry of every process started
+"""scripts/fleet/fleet.py's processes: the replicas (`kvgpt serve`), the registry of every process started
 (stopped by stop_all at exit), and the HTTP and /metrics helpers. Imports none of the other fleet
 modules (fleet_fronts.py has the routers)."""
 
@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_serve  # noqa: E402  (the workload, the request loop and the statistics)
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # bench_serve's modules
+import serve_servers  # noqa: E402  (the loopback host, free ports and the HTTP helper)
 
-HOST = bench_serve.HOST
-REPO = Path(__file__).resolve().parent.parent
+HOST = serve_servers.HOST
+REPO = Path(__file__).resolve().parents[2]
 ROUTER_VERSION = "0.1.17"
 COMPLETIONS_200 = ("kvgpt_requests_total", {"endpoint": "/v1/completions", "status": "200"})
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -86,7 +87,7 @@ class Proc:
                     self.port = int(m.group(1))
             if self.port:
                 try:
-                    if bench_serve.http_get(self.port, path, timeout=2.0)[0] == want:
+                    if serve_servers.http_get(self.port, path, timeout=2.0)[0] == want:
                         return
                 except (OSError, http.client.HTTPException):
                     pass
@@ -131,12 +132,12 @@ class Replica(Proc):
 
     def __init__(self, i, a, logdir, events):
         self.index = i
-        port = bench_serve.free_port()
+        port = serve_servers.free_port()
         self.url = f"http://{HOST}:{port}"
         cmd = replica_cmd(a, port)
         self.events = self.replay = None
         if events:
-            self.events, self.replay = (f"tcp://{HOST}:{bench_serve.free_port()}" for _ in range(2))
+            self.events, self.replay = (f"tcp://{HOST}:{serve_servers.free_port()}" for _ in range(2))
             cmd += ["--kv-events", self.events, "--kv-events-replay", self.replay]
         super().__init__(f"replica{i}", cmd, logdir, port)
         self.restarts = 0
@@ -173,7 +174,7 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 def http_text(port, path, timeout=5.0):
     """The body of GET path when it answers 200; None otherwise, or when nothing answers."""
     try:
-        status, text = bench_serve.http_get(port, path, timeout=timeout)
+        status, text = serve_servers.http_get(port, path, timeout=timeout)
     except (OSError, http.client.HTTPException):
         return None
     return text if status == 200 else None

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/fleet.py's runs: the request loop through a front (Runner) and the cells: run_cell (one
+"""scripts/fleet/fleet.py's runs: the request loop through a front (Runner) and the cells: run_cell (one
 policy), fault_cell (--fault, SIGKILL) and drain_cell (--drain, SIGTERM), with their helpers.
 Imports fleet_procs, never fleet.py or fleet_fronts.py (a front comes in as an argument)."""
 
@@ -15,7 +15,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_serve  # noqa: E402  (the workload, the request loop and the statistics)
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # bench_serve's modules
+import serve_report  # noqa: E402  (the number formats)
+import serve_servers  # noqa: E402  (the HTTP helpers, the machine and the binary)
+import serve_workloads  # noqa: E402  (the workload, the request loop and the statistics)
 from fleet_procs import StartError, deltas, flush, log, replica_counts, snapshot  # noqa: E402
 
 
@@ -59,7 +62,7 @@ class Runner:
             q = self.reqs[i]
             with self.lock:
                 self.started += 1
-            rec = bench_serve.one_request(self.port, q["prompt"], self.a.output, self.a.request_timeout, 0.0,
+            rec = serve_workloads.one_request(self.port, q["prompt"], self.a.output, self.a.request_timeout, 0.0,
                                           headers=self.headers(q))
             if not rec.get("error") and not rec.get("finish"):
                 rec["error"] = "the stream had no finish_reason"
@@ -82,7 +85,7 @@ def hold_request(port, prompt, max_tokens, timeout, streaming, out):
     """A long streamed request straight to one replica; sets `streaming` at its first text."""
     t0 = time.monotonic()
     try:
-        out.update(bench_serve.one_request(port, prompt, max_tokens, timeout, on_text=streaming.set))
+        out.update(serve_workloads.one_request(port, prompt, max_tokens, timeout, on_text=streaming.set))
     finally:
         out["seconds"] = time.monotonic() - t0
         streaming.set()
@@ -103,7 +106,7 @@ def expected_rr(a, reqs, replicas):
 
 
 def run_cell(a, front, replicas, identity, policy, rnd, deadline, results):
-    reqs = bench_serve.shared_workload(a, f"{policy}.{rnd}")
+    reqs = serve_workloads.shared_workload(a, f"{policy}.{rnd}")
     flush(replicas)
     port = front.begin(policy, a.startup_timeout)
     try:
@@ -115,18 +118,18 @@ def run_cell(a, front, replicas, identity, policy, rnd, deadline, results):
         retried, router = front.retries_since(mark), front.router_deltas(mark)
     finally:
         front.end()
-    s = bench_serve.summarize(recs, a.output)
+    s = serve_workloads.summarize(recs, a.output)
     prompt = sum(x["prompt"] for x in d.values() if x)
     cached = sum(x["cached"] for x in d.values() if x)
     differ = identity.check(completed_items(a, reqs, recs), f"{policy} round {rnd}", deadline)
     cell = {"policy": policy, "round": rnd, "summary": s, "retried": retried, "front": router,
             "metrics_hit_ratio": cached / prompt if prompt else None, "metrics_prompt_tokens": prompt,
             "metrics_cached_tokens": cached, "served": {r.name: (d[r.index] or {}).get("served") for r in replicas},
-            "expected_one_server": bench_serve.expected_hit(a, "shared"),
+            "expected_one_server": serve_workloads.expected_hit(a, "shared"),
             "expected_round_robin": expected_rr(a, reqs, len(replicas)), "identity_differ": differ,
             "requests": [strip(r, q) for r, q in zip(recs, reqs)]}
     results["cells"].append(cell)
-    log(f"  {bench_serve.fmt_summary(s)}; /metrics hit {bench_serve.fmt_pct(cell['metrics_hit_ratio'])}; "
+    log(f"  {serve_report.fmt_summary(s)}; /metrics hit {serve_report.fmt_pct(cell['metrics_hit_ratio'])}; "
         f"served {list(cell['served'].values())}; retried {retried}; texts differing from the single server: {differ}")
     if s["errors"]:
         results["problems"].append(f"{policy} round {rnd}: {s['errors']} of {s['requests']} requests failed; "
@@ -149,7 +152,7 @@ def pick_busiest(replicas):
 
 def workload(a, tag, **changes):
     """bench_serve's shared-prefix workload for the run's arguments with `changes` made."""
-    return bench_serve.shared_workload(argparse.Namespace(**{**vars(a), **changes}), tag)
+    return serve_workloads.shared_workload(argparse.Namespace(**{**vars(a), **changes}), tag)
 
 
 def disruption_workload(a, tag):
@@ -294,7 +297,7 @@ def fault_cell(a, front, replicas, identity, policy, deadline, results):
            "served_after_restart": (after.get(r.index) or {}).get("served") if r else None,
            "served": {x.name: (None if x is r else (deltas(before, after).get(x.index) or {}).get("served"))
                       for x in replicas},
-           "summary": bench_serve.summarize(recs, a.output),
+           "summary": serve_workloads.summarize(recs, a.output),
            "requests_detail": [strip(x, q) for x, q in zip(recs, reqs)]}
     results["fault"] = res
     log(f"fault: sent {sent}, completed {len(completed)}, failed {len(failed)}, retried {retried}, wrong {wrong}")
@@ -344,7 +347,7 @@ def drain_cell(a, front, replicas, identity, policy, deadline, results):
         while r.alive() and time.monotonic() < limit:
             t_ask = time.time()
             try:
-                status, body = bench_serve.http_get(r.port, "/health", timeout=1.0)
+                status, body = serve_servers.http_get(r.port, "/health", timeout=1.0)
                 state["health"].append((t_ask - state["wall_term"], status, body))
                 if status == 503 and "draining" in body and "wall_draining" not in state:
                     state["wall_draining"] = t_ask
@@ -417,7 +420,7 @@ def drain_cell(a, front, replicas, identity, policy, deadline, results):
            "served_after_restart": (after.get(r.index) or {}).get("served") if r else None,
            "hold": {"tokens": hold_tokens, "completed": bool(hold) and not hold.get("error"),
                     "seconds": hold.get("seconds"), "error": hold.get("error")},
-           "summary": bench_serve.summarize(recs, a.output),
+           "summary": serve_workloads.summarize(recs, a.output),
            "requests_detail": [strip(x, q) for x, q in zip(recs, reqs)]}
     results["drain"] = res
     log(f"drain: /health 503 after {res['health_503_after_ms']} ms, drained in {res['drained_s']} s, exit "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/fleet.py's fronts: vllm-router (a fresh router per cell, pip-installed into a venv when
+"""scripts/fleet/fleet.py's fronts: vllm-router (a fresh router per cell, pip-installed into a venv when
 missing) and nginx (one process, an upstream and a port per policy; apt-get installs it when
 missing). Imports fleet_procs (processes, HTTP helpers) and neither fleet.py nor fleet_cells.py."""
 
@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_serve  # noqa: E402
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # bench_serve's modules
+import serve_servers  # noqa: E402
 from fleet_procs import HOST, ROUTER_VERSION, Proc, StartError, log  # noqa: E402
 
 
@@ -37,7 +38,7 @@ class VllmRouter:
 
     def begin(self, policy, timeout):
         self.runs += 1
-        self.port, self.prom = bench_serve.free_port(), bench_serve.free_port()
+        self.port, self.prom = serve_servers.free_port(), serve_servers.free_port()
         cmd = [str(self.binary), "--worker-urls", *[r.url for r in self.replicas], "--policy", policy,
                "--host", HOST, "--port", str(self.port), "--prometheus-host", HOST, "--prometheus-port", str(self.prom),
                "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
@@ -69,7 +70,7 @@ class VllmRouter:
 
     def _prom(self):
         try:
-            status, text = bench_serve.http_get(self.prom, "/metrics", timeout=5.0)
+            status, text = serve_servers.http_get(self.prom, "/metrics", timeout=5.0)
         except (OSError, http.client.HTTPException):
             return None
         return text if status == 200 else None
@@ -120,12 +121,12 @@ class Nginx:
     def __init__(self, a, replicas, logdir):
         self.a, self.replicas = a, replicas
         self.binary = ensure_nginx()
-        self.version = (bench_serve.version_of([self.binary, "-v"]).split("/")[-1] or "?").strip()
+        self.version = (serve_servers.version_of([self.binary, "-v"]).split("/")[-1] or "?").strip()
         self.dir = Path(logdir) / "nginx"
         self.dir.mkdir()
         for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (self.dir / sub).mkdir()
-        self.ports = {p: bench_serve.free_port() for p in ("consistent_hash", "round_robin")}
+        self.ports = {p: serve_servers.free_port() for p in ("consistent_hash", "round_robin")}
         self.access = self.dir / "access.log"
         conf = self.dir / "nginx.conf"
         conf.write_text(self.config())
@@ -143,7 +144,7 @@ class Nginx:
         d = self.dir
         servers = "\n".join(f"        server {r.url[len('http://'):]} max_fails=1 fail_timeout=2s;" for r in self.replicas)
         user = f"user {pwd.getpwuid(os.geteuid()).pw_name};\n" if os.geteuid() == 0 else ""
-        return f"""# scripts/fleet.py: nginx in front of {len(self.replicas)} kvgpt serve replicas (loopback only)
+        return f"""# scripts/fleet/fleet.py: nginx in front of {len(self.replicas)} kvgpt serve replicas (loopback only)
 {user}worker_processes 1;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;

@@ -4,7 +4,7 @@
 # toolchain (rustup toolchain install nightly) and cargo-fuzz (cargo install cargo-fuzz).
 # Exit status 1 if any target found a crash (its input is kept in fuzz/artifacts/TARGET/).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 secs="${1:-60}"
 # FUZZ_TARGETS="gguf npy" runs only those.
 read -r -a targets <<< "${FUZZ_TARGETS:-safetensors config tokenizer npy prompt_cache request gguf}"

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Fleet benchmark: R `kvgpt serve` replicas behind vllm-router or nginx, policy by policy.
 
-    python3 scripts/fleet.py --front vllm-router --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random \\
+    python3 scripts/fleet/fleet.py --front vllm-router --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random \\
         [--replicas 3] [--replica-threads 1] [--policies round_robin,cache_aware,kv_aware] [--rounds 2] \\
         [--fault] [--drain] [--json out.json]
-    python3 scripts/fleet.py --front nginx --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random [--fault] [--drain]
+    python3 scripts/fleet/fleet.py --front nginx --kvgpt target/release/kvgpt --model /tmp/distilgpt2-random [--fault] [--drain]
 
-(scripts/fleet_vllm_router.sh and scripts/fleet_nginx.sh are these two commands, building what is
+(scripts/fleet/fleet_vllm_router.sh and scripts/fleet/fleet_nginx.sh are these two commands, building what is
 missing first.) Standard library only; the workload, the request loop and the statistics are
-scripts/bench_serve.py's, imported from this folder.
+scripts/bench/bench_serve.py's, imported from its folder.
 
 The script starts R replicas of `kvgpt serve -t T --parallel P --cache-mb M` on loopback ports it
 picks (with --front vllm-router also `--kv-events` and `--kv-events-replay`, for kv_aware), one more
@@ -89,7 +89,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_serve  # noqa: E402  (the workload, the request loop and the statistics)
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))  # bench_serve's modules
+import serve_report  # noqa: E402  (the number formats)
+import serve_servers  # noqa: E402  (the HTTP helpers, the machine and the binary)
+import serve_workloads  # noqa: E402  (the workload, the request loop and the statistics)
 from fleet_cells import drain_cell, fault_cell, run_cell, run_threads  # noqa: E402
 from fleet_procs import HOST, REPO, ROUTER_VERSION, Proc, Replica, StartError, log, replica_cmd, stop_all  # noqa: E402
 from fleet_fronts import Nginx, VllmRouter, ensure_nginx, ensure_vllm_router  # noqa: E402
@@ -101,8 +104,8 @@ VLLM_POLICIES = {"random", "round_robin", "cache_aware", "kv_aware", "power_of_t
 
 # ---------------------------------------------------------------- report
 
-fmt = bench_serve.fmt
-pct = bench_serve.fmt_pct
+fmt = serve_report.fmt
+pct = serve_report.fmt_pct
 
 
 
@@ -131,7 +134,7 @@ class Identity:
                     if not queue:
                         return
                     key = queue.pop(0)
-                r = bench_serve.one_request(self.server.port, list(key[0]), key[1], self.a.request_timeout, 0.0)
+                r = serve_workloads.one_request(self.server.port, list(key[0]), key[1], self.a.request_timeout, 0.0)
                 with lock:
                     self.texts[key] = None if r.get("error") or not r.get("finish") else r["text"]
                     if self.texts[key] is None:
@@ -174,7 +177,7 @@ def report(a, header, results, front, replicas, identity):
                f"each cell; {a.rounds} round(s), the policy order reversed every other round")
     out.append("- the weights are random: the texts are gibberish, but the prompt caching and the routing are real")
     out.append(f"- expected hit ratio: one server alone (S/(S+Q))·(1−G/N) = "
-               f"{pct(bench_serve.expected_hit(a, 'shared'))}; round robin over {a.replicas} (each group's first request "
+               f"{pct(serve_workloads.expected_hit(a, 'shared'))}; round robin over {a.replicas} (each group's first request "
                f"on each replica misses, in sending order) in the table")
     out.append("")
     cols = ["policy", "round", "ok", "failed", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "hit (usage)",
@@ -329,13 +332,13 @@ def main():
     signal.signal(signal.SIGHUP, on_signal)
     logdir = tempfile.mkdtemp(prefix="fleet.")
     os.chmod(logdir, 0o755)
-    busy = bench_serve.busy_processes()
+    busy = serve_servers.busy_processes()
     if busy:
         log(f"warning: {', '.join(busy)} running now; the numbers will be distorted")
     events = a.front == "vllm-router" and "kv_aware" in a.policy_list + [a.fault_policy] * (a.fault or a.drain)
-    header = {"cpu": bench_serve.cpu_model(), "logical_cpus": os.cpu_count(), "busy": busy,
+    header = {"cpu": serve_servers.cpu_model(), "logical_cpus": os.cpu_count(), "busy": busy,
               "loadavg_at_start": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
-              "kvgpt_version": bench_serve.version_of([a.kvgpt, "--version"]), "git": bench_serve.git_rev(a.kvgpt),
+              "kvgpt_version": serve_servers.version_of([a.kvgpt, "--version"]), "git": serve_servers.git_rev(a.kvgpt),
               "events": events, "logdir": logdir, "args": {k: v for k, v in vars(a).items()}}
     results = {"cells": [], "skipped": [], "problems": []}
     exit_code = 0
@@ -354,7 +357,7 @@ def main():
             r.ready(a.startup_timeout)
         alone.wait_http("/health", a.startup_timeout)
         log(f"the single server (identity reference) ready on {HOST}:{alone.port}")
-        info = json.loads(bench_serve.http_get(replicas[0].port, "/server_info")[1])
+        info = json.loads(serve_servers.http_get(replicas[0].port, "/server_info")[1])
         a.served_name, a.context_length = info.get("served_model_name") or info.get("model_id"), info["context_length"]
         header["server_info"] = info
         if a.system + a.question + a.output > a.context_length:

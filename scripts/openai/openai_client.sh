@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Check `kvgpt serve` with the official `openai` Python package.
 #
-#   scripts/openai_client.sh [KVGPT_BINARY]        (default: target/debug/kvgpt)
+#   scripts/openai/openai_client.sh [KVGPT_BINARY]        (default: target/debug/kvgpt)
 #
 # Makes a venv (OPENAI_VENV, default .venv-openai; reused when it already has the pinned openai and
 # tokenizers),
 # starts `KVGPT_BINARY serve` on the tiny fixture on a free loopback port with an API key, waits for
-# /health, runs scripts/openai_client.py against it, then stops the server with SIGTERM and checks
+# /health, runs scripts/openai/openai_client.py against it, then stops the server with SIGTERM and checks
 # that it drained and exited 0. Exits with the script's status (1 as well if the server misbehaved
 # on shutdown). The server is killed whatever way this script ends.
 set -euo pipefail
@@ -25,7 +25,7 @@ case $bin in
     */*) bin="$(cd "$(dirname "$bin")" && pwd)/$(basename "$bin")" ;;
     *) bin=$(command -v "$bin") ;;
 esac
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 [[ -x $bin ]] || { echo "openai_client.sh: $bin is not an executable" >&2; exit 1; }
 
 venv=${OPENAI_VENV:-.venv-openai}
@@ -100,7 +100,7 @@ fi
 grep -q 'ready on http://' "$log" || { echo "openai_client.sh: /health is 200 but no 'ready on' line" >&2; show_log; exit 1; }
 
 status=0
-"$py" scripts/openai_client.py --base-url "http://127.0.0.1:$port/v1" --api-key "$API_KEY" \
+"$py" scripts/openai/openai_client.py --base-url "http://127.0.0.1:$port/v1" --api-key "$API_KEY" \
     --kvgpt "$bin" --model "$MODEL" || status=$?
 
 # SIGTERM drains and exits 0.

@@ -5,7 +5,7 @@ repetitions, the same thread count. Needs the kvgpt package, torch and transform
 (a throwaway one: the measurement's only use of torch):
 
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install ./python torch transformers
-    /tmp/hf/bin/python scripts/bench_run_with_cache.py /tmp/distilgpt2-random -T 128 -t 2 -r 7
+    /tmp/hf/bin/python scripts/bench/bench_run_with_cache.py /tmp/distilgpt2-random -T 128 -t 2 -r 7
 
 Prints the median milliseconds of each and their ratio; kvgpt records every hook (all of
 TransformerLens's names) and, separately, the attention patterns alone. Run it with
