@@ -4,11 +4,9 @@
 use crate::common::{load, print_json, sampler_words, ModelArgs, Outcome, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use kvgpt_views::bench::{peak_rss_bytes, probe_read_bandwidth, BenchSpec};
+use kvgpt_views::bench::report::{csv, Header, Report};
+use kvgpt_views::bench::{peak_rss_bytes, probe_read_bandwidth, BenchSpec, Row};
 use std::time::Instant;
-
-mod report;
-use report::{print_csv, print_md, Header, RowReport};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -124,9 +122,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     let t0 = Instant::now();
     let loaded = crate::common::in_pool(widest, || load(&a.model))?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let m = &loaded.model;
-    let cfg = &m.config;
-    let (prompts, gens) = lengths(a, cfg.n_positions)?;
+    let (prompts, gens) = lengths(a, loaded.model.config.n_positions)?;
     let sampling = a.sampling.sampling()?;
     let drafting = crate::common::in_pool(widest, || a.draft.load(&a.model, &loaded))?;
     let spec = BenchSpec {
@@ -139,81 +135,49 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         draft: drafting.as_ref().map(|d| d.config.clone()),
         depths: a.depths.clone().unwrap_or_default(),
     };
-    let total = kvgpt_views::bench::tests(&spec).len() * spec.reps * counts.len();
-    let mut done = 0;
-    // Progress on one line rewritten in place on a terminal; a log file gets one line at the end.
-    let live = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let started = Instant::now();
-    let mut groups = Vec::with_capacity(counts.len());
-    for &count in &counts {
-        let (threads, rows) = crate::common::in_pool(count, || {
-            let rows = kvgpt_views::bench::run(m, &spec, &mut |t, rep| {
-                done += 1;
-                if live {
-                    use std::io::Write as _;
-                    let _ = write!(
-                        std::io::stderr(),
-                        "\r[kvgpt bench] {done}/{total} runs ({} rep {}, {})        ",
-                        t.name(!spec.depths.is_empty()),
-                        rep + 1,
-                        kvgpt_core::units::count(rayon::current_num_threads(), "thread")
-                    );
-                }
-            })?;
-            Ok((rayon::current_num_threads(), rows))
-        })?;
-        groups.push((threads, rows));
-    }
-    if live {
-        errln!();
-    } else {
-        errln!("[kvgpt bench] {total} runs in {:.1} s", started.elapsed().as_secs_f64());
-    }
+    let groups = measure(&loaded.model, &spec, &counts)?;
     let rss = peak_rss_bytes().unwrap_or(0);
     let bw = if a.probe_mib > 0 {
         crate::common::in_pool(widest, || Ok(probe_read_bandwidth(probe_bytes, 3)?))?
     } else {
         0.0
     };
-    let weight_bytes = m.weight_bytes();
-    let kv_bytes = kvgpt_core::KvCache::new(cfg).bytes();
-    let header = Header {
-        model: loaded.files.name.clone(),
-        n_layer: cfg.n_layer,
-        n_embd: cfg.n_embd,
-        n_head: cfg.n_head,
-        dtype: m.weights_dtype(),
-        threads: 0, // each group's own
-        isa: m.isa().name(),
-        cpu_features: kvgpt_core::cpu_features(),
-        git: env!("KVGPT_GIT_REV"),
-        load_ms,
-        weight_bytes,
-        parameters: kvgpt_views::info::parameters(cfg),
-        kv_cache_bytes: kv_bytes,
-        peak_rss_bytes: rss,
-        read_bandwidth_gb_s: bw,
-        depths: !spec.depths.is_empty(),
-    };
+    let header = Header::of(&loaded, load_ms, rss, bw, !spec.depths.is_empty(), env!("KVGPT_GIT_REV"));
     let sampler = sampler_words(&sampling);
     let draft = drafting.as_ref().map_or("", |d| d.name.as_str());
-    let headers: Vec<Header> = groups.iter().map(|&(threads, _)| Header { threads, ..header.clone() }).collect();
-    let reports: Vec<Vec<RowReport>> = groups
-        .iter()
-        .zip(&headers)
-        .map(|((_, rows), h)| rows.iter().map(|r| RowReport::of(r, h, &sampler, draft)).collect())
-        .collect();
+    let report = Report::new(header, &groups, &sampler, draft);
     match a.output {
-        Format::Json => print_json(&serde_json::to_value(reports.concat())?)?,
-        Format::Csv => print_csv(&reports.concat())?,
-        Format::Md => {
-            for (i, ((h, (_, rows)), reports)) in headers.iter().zip(&groups).zip(&reports).enumerate() {
-                if i > 0 {
-                    outln!("");
-                }
-                print_md(h, rows, reports)?;
-            }
-        }
+        Format::Json => print_json(&serde_json::to_value(report.rows())?)?,
+        Format::Csv => out!("{}", csv(&report.rows())),
+        Format::Md => out!("{}", report.markdown()),
     }
     Ok(Outcome::Done)
+}
+
+/// Every row of `spec` at each thread count, with its progress on one line rewritten in place
+/// on a terminal (a log file gets one line at the end).
+fn measure(m: &kvgpt_core::Model, spec: &BenchSpec, counts: &[Option<usize>]) -> Result<Vec<(usize, Vec<Row>)>> {
+    let total = kvgpt_views::bench::tests(spec).len() * spec.reps * counts.len();
+    let mut done = 0;
+    let live = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = Instant::now();
+    let groups = kvgpt_views::bench::run_each(m, spec, counts, &mut |t, rep| {
+        done += 1;
+        if live {
+            use std::io::Write as _;
+            let _ = write!(
+                std::io::stderr(),
+                "\r[kvgpt bench] {done}/{total} runs ({} rep {}, {})        ",
+                t.name(!spec.depths.is_empty()),
+                rep + 1,
+                kvgpt_core::units::count(rayon::current_num_threads(), "thread")
+            );
+        }
+    })?;
+    if live {
+        errln!();
+    } else {
+        errln!("[kvgpt bench] {total} runs in {:.1} s", started.elapsed().as_secs_f64());
+    }
+    Ok(groups)
 }

@@ -5,6 +5,8 @@
 //! token (greedy's argmax, or the sampler on sampled rows) and the forward pass over it; with a
 //! draft, a step also verifies the drafted tokens and drafts the next ones.
 
+pub mod report;
+
 use kvgpt_core::error::{Error, Result};
 use kvgpt_core::model::{Model, Scratch, CHUNK_ROWS};
 use kvgpt_core::sampler::{Sampler, Sampling};
@@ -142,87 +144,98 @@ impl Runner<'_> {
 
     /// Runs one repetition of `test`.
     fn run(&mut self, test: Test) -> Result<Rep> {
-        let v = self.model.config.vocab_size;
-        let none = DraftStats::default();
         match test {
-            Test::Prefill { prompt, depth } => {
-                let ids = prompt_ids(depth + prompt, v);
-                self.seq.restart(&ids[..depth])?;
-                if depth > 0 {
-                    self.seq.feed(self.model, &mut self.scratch)?;
-                }
-                self.seq.append_prompt(&ids[depth..])?;
-                let d = self.timed_feed(Instant::now(), false)?;
-                Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3], none))
-            }
-            Test::Decode { prompt, gen, cached, sampled } => {
-                // (A context of 0 starts after one token: there must be logits to choose from.)
-                self.seq.restart(&prompt_ids(prompt.max(1), v))?;
-                self.seq.feed(self.model, &mut self.scratch)?;
-                let mut steps = Vec::with_capacity(gen);
-                for _ in 0..gen {
-                    let start = Instant::now();
-                    match self.sampler.as_mut().filter(|_| sampled) {
-                        Some(s) => {
-                            let id = s.sample_after(self.seq.logits(), self.seq.ids(), prompt);
-                            self.seq.push(id)?;
-                        }
-                        None => {
-                            self.seq.sample(); // greedy
-                        }
-                    }
-                    let d = self.timed_feed(start, !cached)?;
-                    steps.push(d.as_secs_f64() * 1e3);
-                }
-                let total: f64 = steps.iter().sum::<f64>() / 1e3;
-                Ok((gen as f64 / total, steps, none))
-            }
-            Test::Drafted { prompt, gen } => {
-                let draft = self.draft.as_ref().ok_or_else(|| Error::Invalid("a drafted row needs a draft".into()))?;
-                let seq = &mut self.seq;
-                seq.restart(&prompt_ids(prompt.max(1), v))?;
-                seq.speculate_with(draft); // a fresh draft: no state from the last run
-                seq.feed(self.model, &mut self.scratch)?;
-                seq.prefill_draft()?;
-                let (mut steps, mut made) = (Vec::with_capacity(gen), 0);
-                while made < gen {
-                    let start = Instant::now();
-                    seq.sample(); // greedy, verifying the drafts fed with the last token
-                    made += seq.new_tokens().len();
-                    seq.draft(1)?;
-                    seq.feed(self.model, &mut self.scratch)?;
-                    steps.push(start.elapsed().as_secs_f64() * 1e3);
-                }
-                let total: f64 = steps.iter().sum::<f64>() / 1e3;
-                let stats = seq.speculation().map(|s| s.stats).unwrap_or_default();
-                seq.stop_speculating();
-                Ok((made as f64 / total, steps, stats))
-            }
-            Test::Batched { prompt, gen, batch } => {
-                let full = self.model.config.n_positions; // a cache of every position: each step is fed
-                while self.batch.len() < batch {
-                    self.batch.push(Sequence::new(self.model, &[0], full, Sampling::GREEDY)?);
-                }
-                let seqs = &mut self.batch[..batch];
-                for (i, s) in seqs.iter_mut().enumerate() {
-                    // Different prompts, so that no two sequences compute the same thing.
-                    s.restart(&prompt_ids(prompt.max(1) + i, v)[i..])?;
-                    s.feed(self.model, &mut self.scratch)?;
-                }
-                let mut steps = Vec::with_capacity(gen);
-                for _ in 0..gen {
-                    let start = Instant::now();
-                    for s in seqs.iter_mut() {
-                        s.sample(); // greedy
-                    }
-                    let mut rows: Vec<_> = seqs.iter_mut().map(|s| s.rows(1)).collect();
-                    self.model.forward_batch(&mut rows, &mut self.scratch)?;
-                    steps.push(start.elapsed().as_secs_f64() * 1e3);
-                }
-                let total: f64 = steps.iter().sum::<f64>() / 1e3;
-                Ok(((batch * gen) as f64 / total, steps, none))
-            }
+            Test::Prefill { prompt, depth } => self.prefill(prompt, depth),
+            Test::Decode { prompt, gen, cached, sampled } => self.decode(prompt, gen, cached, sampled),
+            Test::Drafted { prompt, gen } => self.drafted(prompt, gen),
+            Test::Batched { prompt, gen, batch } => self.batched(prompt, gen, batch),
         }
+    }
+
+    /// A prompt of `prompt` tokens after `depth` in the cache, timed.
+    fn prefill(&mut self, prompt: usize, depth: usize) -> Result<Rep> {
+        let ids = prompt_ids(depth + prompt, self.model.config.vocab_size);
+        self.seq.restart(&ids[..depth])?;
+        if depth > 0 {
+            self.seq.feed(self.model, &mut self.scratch)?;
+        }
+        self.seq.append_prompt(&ids[depth..])?;
+        let d = self.timed_feed(Instant::now(), false)?;
+        Ok((prompt as f64 / d.as_secs_f64(), vec![d.as_secs_f64() * 1e3], DraftStats::default()))
+    }
+
+    /// `gen` steps after a context of `prompt`, each choosing its token and feeding it (with the
+    /// cache, or recomputing everything).
+    fn decode(&mut self, prompt: usize, gen: usize, cached: bool, sampled: bool) -> Result<Rep> {
+        // (A context of 0 starts after one token: there must be logits to choose from.)
+        self.seq.restart(&prompt_ids(prompt.max(1), self.model.config.vocab_size))?;
+        self.seq.feed(self.model, &mut self.scratch)?;
+        let mut steps = Vec::with_capacity(gen);
+        for _ in 0..gen {
+            let start = Instant::now();
+            match self.sampler.as_mut().filter(|_| sampled) {
+                Some(s) => {
+                    let id = s.sample_after(self.seq.logits(), self.seq.ids(), prompt);
+                    self.seq.push(id)?;
+                }
+                None => {
+                    self.seq.sample(); // greedy
+                }
+            }
+            let d = self.timed_feed(start, !cached)?;
+            steps.push(d.as_secs_f64() * 1e3);
+        }
+        let total: f64 = steps.iter().sum::<f64>() / 1e3;
+        Ok((gen as f64 / total, steps, DraftStats::default()))
+    }
+
+    /// Greedy decoding of `gen` tokens after `prompt`, each step verifying the drafted tokens.
+    fn drafted(&mut self, prompt: usize, gen: usize) -> Result<Rep> {
+        let draft = self.draft.as_ref().ok_or_else(|| Error::Invalid("a drafted row needs a draft".into()))?;
+        let seq = &mut self.seq;
+        seq.restart(&prompt_ids(prompt.max(1), self.model.config.vocab_size))?;
+        seq.speculate_with(draft); // a fresh draft: no state from the last run
+        seq.feed(self.model, &mut self.scratch)?;
+        seq.prefill_draft()?;
+        let (mut steps, mut made) = (Vec::with_capacity(gen), 0);
+        while made < gen {
+            let start = Instant::now();
+            seq.sample(); // greedy, verifying the drafts fed with the last token
+            made += seq.new_tokens().len();
+            seq.draft(1)?;
+            seq.feed(self.model, &mut self.scratch)?;
+            steps.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        let total: f64 = steps.iter().sum::<f64>() / 1e3;
+        let stats = seq.speculation().map(|s| s.stats).unwrap_or_default();
+        seq.stop_speculating();
+        Ok((made as f64 / total, steps, stats))
+    }
+
+    /// `batch` sequences decoding together, one forward over all their rows per step.
+    fn batched(&mut self, prompt: usize, gen: usize, batch: usize) -> Result<Rep> {
+        let (v, full) = (self.model.config.vocab_size, self.model.config.n_positions); // every step is fed
+        while self.batch.len() < batch {
+            self.batch.push(Sequence::new(self.model, &[0], full, Sampling::GREEDY)?);
+        }
+        let seqs = &mut self.batch[..batch];
+        for (i, s) in seqs.iter_mut().enumerate() {
+            // Different prompts, so that no two sequences compute the same thing.
+            s.restart(&prompt_ids(prompt.max(1) + i, v)[i..])?;
+            s.feed(self.model, &mut self.scratch)?;
+        }
+        let mut steps = Vec::with_capacity(gen);
+        for _ in 0..gen {
+            let start = Instant::now();
+            for s in seqs.iter_mut() {
+                s.sample(); // greedy
+            }
+            let mut rows: Vec<_> = seqs.iter_mut().map(|s| s.rows(1)).collect();
+            self.model.forward_batch(&mut rows, &mut self.scratch)?;
+            steps.push(start.elapsed().as_secs_f64() * 1e3);
+        }
+        let total: f64 = steps.iter().sum::<f64>() / 1e3;
+        Ok(((batch * gen) as f64 / total, steps, DraftStats::default()))
     }
 }
 
@@ -305,6 +318,27 @@ pub fn run(model: &Model, spec: &BenchSpec, progress: &mut dyn FnMut(&Test, usiz
         }
     }
     Ok(rows)
+}
+
+/// [`run`] once per thread count, each in a pool of its own (None: one thread per core): the
+/// pool's threads and its rows, per count.
+pub fn run_each(
+    model: &Model,
+    spec: &BenchSpec,
+    threads: &[Option<usize>],
+    progress: &mut (dyn FnMut(&Test, usize) + Send),
+) -> Result<Vec<(usize, Vec<Row>)>> {
+    let mut groups = Vec::with_capacity(threads.len());
+    for &n in threads {
+        let mut pool = rayon::ThreadPoolBuilder::new();
+        if let Some(n) = n {
+            pool = pool.num_threads(n);
+        }
+        let pool = pool.build().map_err(|e| Error::Invalid(format!("could not start the worker threads: {e}")))?;
+        let rows = pool.install(|| run(model, spec, progress))?;
+        groups.push((pool.current_num_threads(), rows));
+    }
+    Ok(groups)
 }
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
