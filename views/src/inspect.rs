@@ -15,6 +15,8 @@ use kvgpt_core::sampler::Sampling;
 use kvgpt_core::sequence::Sequence;
 use kvgpt_core::tap::{Point, Recorder};
 
+pub mod attention;
+pub mod explain;
 mod rounds;
 mod steps;
 pub use rounds::{rounds, Round};
