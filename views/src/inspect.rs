@@ -16,7 +16,9 @@ use kvgpt_core::sequence::Sequence;
 use kvgpt_core::tap::{Point, Recorder};
 
 pub mod attention;
+pub mod cache;
 pub mod explain;
+pub mod logits;
 mod rounds;
 mod steps;
 pub use rounds::{rounds, Round};
