@@ -53,105 +53,33 @@ impl Config {
 
     /// Reads the GPT-2 keys; unknown keys are ignored, unsupported values refused by name.
     pub fn from_json(json: &Value, path: &Path) -> Result<Config> {
-        let file = path.to_path_buf();
         let obj = json
             .as_object()
-            .ok_or_else(|| Error::BadConfig { file: file.clone(), reason: "expected a JSON object".into() })?;
-        let unsupported = |key: &str, value: &Value, why: &str| Error::UnsupportedConfig {
-            file: file.clone(),
-            key: key.into(),
-            value: value.to_string(),
-            why: why.into(),
-        };
-        let get_usize = |keys: &[&str], default: Option<usize>| -> Result<usize> {
-            for key in keys {
-                match obj.get(*key) {
-                    None | Some(Value::Null) => continue,
-                    Some(v) => {
-                        return v
-                            .as_u64()
-                            .filter(|&n| n > 0)
-                            .map(|n| n as usize)
-                            .ok_or_else(|| unsupported(key, v, "expected a positive integer"))
-                    }
-                }
-            }
-            default.ok_or_else(|| Error::BadConfig { file: file.clone(), reason: format!("missing key `{}`", keys[0]) })
-        };
-        let get_bool = |key: &str, default: bool| -> Result<bool> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(default),
-                Some(v) => v.as_bool().ok_or_else(|| unsupported(key, v, "expected true or false")),
-            }
-        };
-
-        if let Some(v) = obj.get("model_type") {
-            if v.as_str() != Some("gpt2") {
-                return Err(unsupported("model_type", v, "kvgpt runs GPT-2 checkpoints (model_type \"gpt2\")"));
-            }
-        }
-        if let Some(v) = obj.get("activation_function") {
-            if !matches!(v.as_str(), Some("gelu_new") | Some("gelu_pytorch_tanh")) {
-                return Err(unsupported(
-                    "activation_function",
-                    v,
-                    "kvgpt implements GPT-2's tanh GELU (\"gelu_new\" / \"gelu_pytorch_tanh\")",
-                ));
-            }
-        }
-        if get_bool("add_cross_attention", false)? {
-            return Err(unsupported(
-                "add_cross_attention",
-                &Value::Bool(true),
-                "encoder-decoder GPT-2 is not supported",
-            ));
-        }
-        if !get_bool("tie_word_embeddings", true)? {
-            return Err(unsupported(
-                "tie_word_embeddings",
-                &Value::Bool(false),
-                "GPT-2 ties the vocabulary projection to wte; an untied lm_head is not supported",
-            ));
-        }
-        // reorder_and_upcast_attn only changes precision in fp16 training; in f32 it is the same math.
-        get_bool("reorder_and_upcast_attn", false)?;
-
-        let n_embd = get_usize(&["n_embd", "hidden_size"], None)?;
-        let n_head = get_usize(&["n_head", "num_attention_heads"], None)?;
+            .ok_or_else(|| Error::BadConfig { file: path.into(), reason: "expected a JSON object".into() })?;
+        let keys = Keys { obj, file: path };
+        keys.check_architecture()?;
+        let n_embd = keys.usize(&["n_embd", "hidden_size"], None)?;
+        let n_head = keys.usize(&["n_head", "num_attention_heads"], None)?;
         if n_embd.checked_mul(4).is_none_or(|x| x > u32::MAX as usize) {
-            return Err(unsupported("n_embd", &n_embd.into(), "too large (at most 2^32 / 4)"));
+            return Err(keys.unsupported("n_embd", &n_embd.into(), "too large (at most 2^32 / 4)"));
         }
         if !n_embd.is_multiple_of(n_head) {
-            return Err(unsupported("n_head", &n_head.into(), &format!("n_embd ({n_embd}) must be a multiple of it")));
+            let why = format!("n_embd ({n_embd}) must be a multiple of it");
+            return Err(keys.unsupported("n_head", &n_head.into(), &why));
         }
-        let eps =
-            match obj.get("layer_norm_epsilon") {
-                None | Some(Value::Null) => 1e-5,
-                Some(v) => v.as_f64().map(|e| e as f32).filter(|e| *e > 0.0 && e.is_finite()).ok_or_else(|| {
-                    unsupported("layer_norm_epsilon", v, "expected a positive number that fits in f32")
-                })?,
-            };
-        let token_id = |key: &str| -> Result<u32> {
-            match obj.get(key) {
-                None | Some(Value::Null) => Ok(50256),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(|| unsupported(key, v, "expected a token id")),
-            }
-        };
+        let layer_norm_epsilon = keys.epsilon()?;
         let cfg = Config {
-            n_layer: get_usize(&["n_layer", "num_hidden_layers"], None)?,
+            n_layer: keys.usize(&["n_layer", "num_hidden_layers"], None)?,
             n_head,
             n_embd,
-            n_positions: get_usize(&["n_positions", "n_ctx"], None)?,
-            n_inner: get_usize(&["n_inner"], Some(4 * n_embd))?,
-            vocab_size: get_usize(&["vocab_size"], None)?,
-            layer_norm_epsilon: eps,
-            scale_attn_weights: get_bool("scale_attn_weights", true)?,
-            scale_attn_by_inverse_layer_idx: get_bool("scale_attn_by_inverse_layer_idx", false)?,
-            bos_token_id: token_id("bos_token_id")?,
-            eos_token_id: token_id("eos_token_id")?,
+            n_positions: keys.usize(&["n_positions", "n_ctx"], None)?,
+            n_inner: keys.usize(&["n_inner"], Some(4 * n_embd))?,
+            vocab_size: keys.usize(&["vocab_size"], None)?,
+            layer_norm_epsilon,
+            scale_attn_weights: keys.bool("scale_attn_weights", true)?,
+            scale_attn_by_inverse_layer_idx: keys.bool("scale_attn_by_inverse_layer_idx", false)?,
+            bos_token_id: keys.token_id("bos_token_id")?,
+            eos_token_id: keys.token_id("eos_token_id")?,
         };
         for (key, id) in [("eos_token_id", cfg.eos_token_id), ("bos_token_id", cfg.bos_token_id)] {
             if id as usize >= cfg.vocab_size {
@@ -160,9 +88,93 @@ impl Config {
                     cfg.vocab_size,
                     if obj.get(key).is_none() { " (50256 is GPT-2's default; set the key)" } else { "" }
                 );
-                return Err(unsupported(key, &id.into(), &why));
+                return Err(keys.unsupported(key, &id.into(), &why));
             }
         }
         Ok(cfg)
+    }
+}
+
+/// A config.json's keys, read one by one with the error that names a wrong one.
+struct Keys<'a> {
+    obj: &'a serde_json::Map<String, Value>,
+    file: &'a Path,
+}
+
+impl Keys<'_> {
+    fn unsupported(&self, key: &str, value: &Value, why: &str) -> Error {
+        Error::UnsupportedConfig { file: self.file.into(), key: key.into(), value: value.to_string(), why: why.into() }
+    }
+
+    /// The first of `keys` present (null counts as absent), a positive integer; else `default`.
+    fn usize(&self, keys: &[&str], default: Option<usize>) -> Result<usize> {
+        for key in keys {
+            match self.obj.get(*key) {
+                None | Some(Value::Null) => continue,
+                Some(v) => {
+                    return v
+                        .as_u64()
+                        .filter(|&n| n > 0)
+                        .map(|n| n as usize)
+                        .ok_or_else(|| self.unsupported(key, v, "expected a positive integer"))
+                }
+            }
+        }
+        default.ok_or_else(|| Error::BadConfig { file: self.file.into(), reason: format!("missing key `{}`", keys[0]) })
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.unsupported(key, v, "expected true or false")),
+        }
+    }
+
+    fn epsilon(&self) -> Result<f32> {
+        match self.obj.get("layer_norm_epsilon") {
+            None | Some(Value::Null) => Ok(1e-5),
+            Some(v) => v.as_f64().map(|e| e as f32).filter(|e| *e > 0.0 && e.is_finite()).ok_or_else(|| {
+                self.unsupported("layer_norm_epsilon", v, "expected a positive number that fits in f32")
+            }),
+        }
+    }
+
+    fn token_id(&self, key: &str) -> Result<u32> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(50256),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| self.unsupported(key, v, "expected a token id")),
+        }
+    }
+
+    /// Refuses what is not GPT-2 as kvgpt runs it.
+    fn check_architecture(&self) -> Result<()> {
+        if let Some(v) = self.obj.get("model_type") {
+            if v.as_str() != Some("gpt2") {
+                return Err(self.unsupported("model_type", v, "kvgpt runs GPT-2 checkpoints (model_type \"gpt2\")"));
+            }
+        }
+        if let Some(v) = self.obj.get("activation_function") {
+            if !matches!(v.as_str(), Some("gelu_new") | Some("gelu_pytorch_tanh")) {
+                return Err(self.unsupported(
+                    "activation_function",
+                    v,
+                    "kvgpt implements GPT-2's tanh GELU (\"gelu_new\" / \"gelu_pytorch_tanh\")",
+                ));
+            }
+        }
+        if self.bool("add_cross_attention", false)? {
+            let why = "encoder-decoder GPT-2 is not supported";
+            return Err(self.unsupported("add_cross_attention", &Value::Bool(true), why));
+        }
+        if !self.bool("tie_word_embeddings", true)? {
+            let why = "GPT-2 ties the vocabulary projection to wte; an untied lm_head is not supported";
+            return Err(self.unsupported("tie_word_embeddings", &Value::Bool(false), why));
+        }
+        // reorder_and_upcast_attn only changes precision in fp16 training; in f32 it is the same math.
+        self.bool("reorder_and_upcast_attn", false)?;
+        Ok(())
     }
 }

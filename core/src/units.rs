@@ -9,3 +9,17 @@ pub fn count(n: usize, word: &str) -> String {
         format!("{n} {word}s")
     }
 }
+
+/// Bytes as people read them.
+pub fn bytes(n: usize) -> String {
+    let n = n as f64;
+    if n >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", n / (1024.0 * 1024.0 * 1024.0))
+    } else if n >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", n / (1024.0 * 1024.0))
+    } else if n >= 1024.0 {
+        format!("{:.1} KiB", n / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}

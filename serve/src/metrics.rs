@@ -18,6 +18,108 @@ const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 const REUSE_STOP: &str = "kvgpt_prompt_cache_reuse_stop_position";
 const POSITION_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
 
+/// Every counter and what it counts.
+const COUNTERS: &[(&str, &str)] = &[
+    ("kvgpt_requests_total", "HTTP requests by endpoint and status"),
+    ("kvgpt_prompt_tokens_total", "prompt tokens of finished sequences"),
+    ("kvgpt_prompt_cached_tokens_total", "prompt tokens whose K/V came from the prompt cache"),
+    ("kvgpt_generated_tokens_total", "tokens generated"),
+    ("kvgpt_sequences_cancelled_total", "sequences whose client went away"),
+    (
+        "kvgpt_sequences_finished_total",
+        "sequences that left the engine, by reason: eos, length, stop (a stop sequence), cancelled, error",
+    ),
+    ("kvgpt_prompt_cache_evictions_total", "prompt cache entries evicted"),
+    ("kvgpt_prompt_cache_lookups_total", "prompt cache lookups"),
+    ("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token"),
+    (
+        "kvgpt_prompt_cache_stops_total",
+        "why reuse of the prompt cache stopped: differs (a token differs from the cached one), cache_ends \
+                 (nothing cached past the prefix), last_token (all but the last token reused)",
+    ),
+    ("kvgpt_spec_decode_num_drafts_total", "verify steps of finished sequences that checked drafted tokens"),
+    ("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted"),
+    ("kvgpt_kv_event_batches_total", "KV-cache event batches published (--kv-events)"),
+    ("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored"),
+    ("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed"),
+    (
+        "kvgpt_spec_decode_num_accepted_tokens_total",
+        "drafted tokens the model accepted (each one a token made without a step of its own)",
+    ),
+];
+
+/// Every gauge and what it shows.
+const GAUGES: &[(&str, &str)] = &[
+    ("kvgpt_requests_running", "sequences in the running batch"),
+    ("kvgpt_requests_waiting", "sequences waiting for a slot"),
+    ("kvgpt_kv_cache_bytes", "K/V bytes held by running sequences"),
+    ("kvgpt_kv_cache_limit_bytes", "K/V bytes all slots may hold"),
+    ("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache"),
+    ("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)"),
+    ("kvgpt_prompt_cache_tokens", "positions held by the prompt cache"),
+    ("kvgpt_weights_bytes", "bytes of the weights as held"),
+    ("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)"),
+    ("kvgpt_draining", "1 after SIGTERM: new work is refused, /health answers 503"),
+    ("vllm:num_requests_running", "sequences in the running batch (vLLM's name)"),
+    ("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)"),
+    (
+        "vllm:kv_cache_usage_perc",
+        "K/V reserved by running sequences over what all slots may hold, 0 to 1 (vLLM's name)",
+    ),
+    ("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold"),
+    ("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)"),
+];
+
+/// Every histogram and what it times or places.
+const HISTOGRAMS: &[(&str, &str)] = &[
+    ("kvgpt_time_to_first_token_seconds", "submission to the first token"),
+    ("kvgpt_inter_token_latency_seconds", "time between two tokens of a sequence"),
+    ("kvgpt_request_duration_seconds", "whole completion requests"),
+    (
+        REUSE_STOP,
+        "the prompt position where reuse of the prompt cache stopped, one observation per sequence (each of a \
+                 request's n choices looks the cache up on its own; 0: nothing reused)",
+    ),
+];
+
+/// Counters present from the first scrape, at zero, so a rate() has a start.
+const ZEROED_COUNTERS: &[&str] = &[
+    "kvgpt_sequences_cancelled_total",
+    "kvgpt_prompt_tokens_total",
+    "kvgpt_prompt_cached_tokens_total",
+    "kvgpt_generated_tokens_total",
+    "kvgpt_prompt_cache_evictions_total",
+    "kvgpt_prompt_cache_lookups_total",
+    "kvgpt_prompt_cache_hits_total",
+    "kvgpt_spec_decode_num_drafts_total",
+    "kvgpt_spec_decode_num_draft_tokens_total",
+    "kvgpt_spec_decode_num_accepted_tokens_total",
+    "kvgpt_kv_event_batches_total",
+    "kvgpt_kv_event_blocks_stored_total",
+    "kvgpt_kv_event_blocks_removed_total",
+];
+
+/// Gauges present from the first scrape, at zero.
+const ZEROED_GAUGES: &[&str] = &[
+    "kvgpt_requests_running",
+    "kvgpt_requests_waiting",
+    "kvgpt_kv_cache_bytes",
+    "kvgpt_prompt_cache_bytes",
+    "kvgpt_prompt_cache_tokens",
+    "kvgpt_draining",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+];
+
+/// Histograms present from the first scrape, empty.
+const ZEROED_HISTOGRAMS: &[&str] = &[
+    "kvgpt_time_to_first_token_seconds",
+    "kvgpt_inter_token_latency_seconds",
+    "kvgpt_request_duration_seconds",
+    REUSE_STOP,
+];
+
 #[derive(Clone)]
 pub struct Metrics {
     recorder: Arc<PrometheusRecorder>,
@@ -36,113 +138,31 @@ impl Metrics {
         let handle = recorder.handle();
         let m = Metrics { recorder: Arc::new(recorder), handle, last: Arc::default() };
         m.with(|| {
-            metrics::describe_counter!("kvgpt_requests_total", "HTTP requests by endpoint and status");
-            metrics::describe_counter!("kvgpt_prompt_tokens_total", "prompt tokens of finished sequences");
-            metrics::describe_counter!(
-                "kvgpt_prompt_cached_tokens_total",
-                "prompt tokens whose K/V came from the prompt cache"
-            );
-            metrics::describe_counter!("kvgpt_generated_tokens_total", "tokens generated");
-            metrics::describe_counter!("kvgpt_sequences_cancelled_total", "sequences whose client went away");
-            metrics::describe_counter!(
-                "kvgpt_sequences_finished_total",
-                "sequences that left the engine, by reason: eos, length, stop (a stop sequence), cancelled, error"
-            );
+            for &(name, help) in COUNTERS {
+                metrics::describe_counter!(name, help);
+            }
+            for &(name, help) in GAUGES {
+                metrics::describe_gauge!(name, help);
+            }
+            for &(name, help) in HISTOGRAMS {
+                metrics::describe_histogram!(name, help);
+            }
             for e in Ending::ALL {
                 counter!("kvgpt_sequences_finished_total", "reason" => e.label()).absolute(0);
             }
-            counter!("kvgpt_sequences_cancelled_total").absolute(0);
-            metrics::describe_histogram!("kvgpt_time_to_first_token_seconds", "submission to the first token");
-            metrics::describe_histogram!("kvgpt_inter_token_latency_seconds", "time between two tokens of a sequence");
-            metrics::describe_histogram!("kvgpt_request_duration_seconds", "whole completion requests");
-            metrics::describe_gauge!("kvgpt_requests_running", "sequences in the running batch");
-            metrics::describe_gauge!("kvgpt_requests_waiting", "sequences waiting for a slot");
-            metrics::describe_gauge!("kvgpt_kv_cache_bytes", "K/V bytes held by running sequences");
-            metrics::describe_gauge!("kvgpt_kv_cache_limit_bytes", "K/V bytes all slots may hold");
-            metrics::describe_gauge!("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache");
-            metrics::describe_gauge!("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)");
-            metrics::describe_gauge!("kvgpt_prompt_cache_tokens", "positions held by the prompt cache");
-            metrics::describe_counter!("kvgpt_prompt_cache_evictions_total", "prompt cache entries evicted");
-            metrics::describe_counter!("kvgpt_prompt_cache_lookups_total", "prompt cache lookups");
-            metrics::describe_counter!("kvgpt_prompt_cache_hits_total", "lookups that reused at least one token");
-            metrics::describe_histogram!(
-                REUSE_STOP,
-                "the prompt position where reuse of the prompt cache stopped, one observation per sequence (each of a \
-                 request's n choices looks the cache up on its own; 0: nothing reused)"
-            );
-            metrics::describe_counter!(
-                "kvgpt_prompt_cache_stops_total",
-                "why reuse of the prompt cache stopped: differs (a token differs from the cached one), cache_ends \
-                 (nothing cached past the prefix), last_token (all but the last token reused)"
-            );
             for reason in StopReason::ALL {
                 counter!("kvgpt_prompt_cache_stops_total", "reason" => reason.label()).absolute(0);
             }
-            metrics::describe_gauge!("kvgpt_weights_bytes", "bytes of the weights as held");
-            metrics::describe_gauge!("kvgpt_draft_weights_bytes", "bytes of the draft model's weights (--draft)");
-            metrics::describe_counter!(
-                "kvgpt_spec_decode_num_drafts_total",
-                "verify steps of finished sequences that checked drafted tokens"
-            );
-            metrics::describe_counter!("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted");
-            metrics::describe_counter!(
-                "kvgpt_kv_event_batches_total",
-                "KV-cache event batches published (--kv-events)"
-            );
-            metrics::describe_counter!("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored");
-            metrics::describe_counter!("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed");
-            metrics::describe_gauge!("kvgpt_draining", "1 after SIGTERM: new work is refused, /health answers 503");
-            metrics::describe_gauge!("vllm:num_requests_running", "sequences in the running batch (vLLM's name)");
-            metrics::describe_gauge!("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)");
-            metrics::describe_gauge!(
-                "vllm:kv_cache_usage_perc",
-                "K/V reserved by running sequences over what all slots may hold, 0 to 1 (vLLM's name)"
-            );
-            metrics::describe_gauge!("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold");
-            metrics::describe_gauge!("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)");
-            metrics::describe_counter!(
-                "kvgpt_spec_decode_num_accepted_tokens_total",
-                "drafted tokens the model accepted (each one a token made without a step of its own)"
-            );
-            // Present from the first scrape, at zero, so a rate() has a start.
-            for name in [
-                "kvgpt_prompt_tokens_total",
-                "kvgpt_prompt_cached_tokens_total",
-                "kvgpt_generated_tokens_total",
-                "kvgpt_prompt_cache_evictions_total",
-                "kvgpt_prompt_cache_lookups_total",
-                "kvgpt_prompt_cache_hits_total",
-                "kvgpt_spec_decode_num_drafts_total",
-                "kvgpt_spec_decode_num_draft_tokens_total",
-                "kvgpt_spec_decode_num_accepted_tokens_total",
-                "kvgpt_kv_event_batches_total",
-                "kvgpt_kv_event_blocks_stored_total",
-                "kvgpt_kv_event_blocks_removed_total",
-            ] {
+            for &name in ZEROED_COUNTERS {
                 counter!(name).absolute(0);
             }
             for endpoint in endpoints {
                 counter!("kvgpt_requests_total", "endpoint" => endpoint, "status" => "200").absolute(0);
             }
-            for name in [
-                "kvgpt_requests_running",
-                "kvgpt_requests_waiting",
-                "kvgpt_kv_cache_bytes",
-                "kvgpt_prompt_cache_bytes",
-                "kvgpt_prompt_cache_tokens",
-                "kvgpt_draining",
-                "vllm:num_requests_running",
-                "vllm:num_requests_waiting",
-                "vllm:kv_cache_usage_perc",
-            ] {
+            for &name in ZEROED_GAUGES {
                 gauge!(name).set(0.0);
             }
-            for name in [
-                "kvgpt_time_to_first_token_seconds",
-                "kvgpt_inter_token_latency_seconds",
-                "kvgpt_request_duration_seconds",
-                REUSE_STOP,
-            ] {
+            for &name in ZEROED_HISTOGRAMS {
                 let _ = histogram!(name);
             }
         });

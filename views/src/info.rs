@@ -3,10 +3,12 @@
 //! Reads the config, the weights file's header and the tokenizer; not the weights.
 
 use kvgpt_core::error::Result;
+use kvgpt_core::units::{bytes, count};
 use kvgpt_core::weights::{self, Weights};
 use kvgpt_core::{KvCache, Model, ModelFiles, Tokenizer, WeightType};
 use kvgpt_kernels::Isa;
 use serde::Serialize;
+use std::fmt::{self, Write as _};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Info {
@@ -133,4 +135,128 @@ pub fn describe(files: &ModelFiles) -> Result<Info> {
         },
         gguf,
     })
+}
+
+impl Info {
+    /// What `kvgpt info` prints: the files, the shape, the bytes of the weights per type (`dtype`
+    /// marked as the one asked for, else the file's own), the KV cache, the tokens, the kernels.
+    pub fn text(&self, dtype: Option<WeightType>) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = self
+            .files_text(&mut out)
+            .and_then(|()| self.shape_text(&mut out))
+            .and_then(|()| self.weights_text(&mut out, dtype))
+            .and_then(|()| self.rest_text(&mut out));
+        out
+    }
+
+    fn files_text(&self, out: &mut String) -> fmt::Result {
+        writeln!(out, "model      {}", self.name)?;
+        match &self.gguf {
+            // One file holds the weights, the config and the tokenizer: said once, with its header.
+            Some(g) => {
+                let types: Vec<String> = g.tensor_types.iter().map(|(t, n)| format!("{n} {t}")).collect();
+                writeln!(
+                    out,
+                    "file       {} ({}): GGUF version {}, architecture {}, {} ({}), {}",
+                    self.files.weights,
+                    bytes(g.file_bytes as usize),
+                    g.version,
+                    g.architecture.as_deref().unwrap_or("not given"),
+                    count(g.tensors, "tensor"),
+                    types.join(", "),
+                    count(g.metadata_keys, "metadata key")
+                )?;
+                for (i, (k, v)) in g.metadata.iter().enumerate() {
+                    writeln!(out, "{:<10} {k} = {v}", if i == 0 { "metadata" } else { "" })?;
+                }
+            }
+            None => {
+                writeln!(
+                    out,
+                    "files      {} ({}), {}",
+                    self.files.weights,
+                    bytes(self.files.weights_file_bytes as usize),
+                    self.files.config
+                )?;
+                writeln!(out, "tokenizer  {}", self.files.tokenizer.join(", "))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn shape_text(&self, out: &mut String) -> fmt::Result {
+        let c = &self.config;
+        writeln!(
+            out,
+            "shape      {} layers, {} heads × {} = {} channels, MLP {}, vocabulary {}, context {} positions",
+            c.n_layer, c.n_head, c.head_dim, c.n_embd, c.n_inner, c.vocab_size, c.n_positions
+        )?;
+        let scale = match (c.scale_attn_weights, c.scale_attn_by_inverse_layer_idx) {
+            (true, false) => format!("× 1/√{}", c.head_dim),
+            (true, true) => format!("× 1/√{} / (layer + 1)", c.head_dim),
+            (false, true) => "× 1 / (layer + 1)".to_string(),
+            (false, false) => "unscaled".to_string(),
+        };
+        writeln!(out, "           LayerNorm eps {:e}; attention scores {scale}", c.layer_norm_epsilon)?;
+        writeln!(
+            out,
+            "parameters {} ({:.1} M; wte is tied to the vocabulary projection)",
+            self.parameters,
+            self.parameters as f64 / 1e6
+        )?;
+        Ok(())
+    }
+
+    fn weights_text(&self, out: &mut String, dtype: Option<WeightType>) -> fmt::Result {
+        let c = &self.config;
+        // The type the weights would be held as: --dtype's, else the GGUF's own, else f32.
+        let stored = self.gguf.as_ref().and_then(|g| g.main_type);
+        let (chosen, why) = match (dtype, stored) {
+            (Some(ty), _) => (ty, "(--dtype)"),
+            (None, Some(ty)) => (ty, "(as the file stores it; the default)"),
+            (None, None) => (WeightType::F32, "(the default)"),
+        };
+        writeln!(out, "weights    held in memory, per --dtype:")?;
+        for d in &self.weight_bytes {
+            let mark = if d.dtype == chosen.name() { format!("  {why}") } else { String::new() };
+            writeln!(out, "             {:<5} {:>10}{mark}", d.dtype, bytes(d.bytes))?;
+        }
+        writeln!(
+            out,
+            "KV cache   {} per token (K and V, {} layers × {} floats each), {} at the full {} positions",
+            bytes(self.kv_cache.bytes_per_token),
+            c.n_layer,
+            c.n_embd,
+            bytes(self.kv_cache.bytes_full_context),
+            c.n_positions
+        )?;
+        Ok(())
+    }
+
+    fn rest_text(&self, out: &mut String) -> fmt::Result {
+        let t = &self.tokenizer;
+        writeln!(
+            out,
+            "tokens     {} ids, byte-level BPE; {:?} = {} ends a text (eos){}",
+            t.vocab_size,
+            t.eos_token,
+            t.eos_token_id,
+            if t.bos_token_id == t.eos_token_id {
+                " and starts an empty prompt (bos)".to_string()
+            } else {
+                format!(", bos {}", t.bos_token_id)
+            }
+        )?;
+        let k = &self.kernels;
+        writeln!(
+            out,
+            "kernels    {} (available here: {}; CPU: {})",
+            k.isa,
+            k.available.join(", "),
+            k.cpu_features.join(" ")
+        )?;
+        Ok(())
+    }
 }

@@ -97,94 +97,129 @@ fn colour_bar(out: &mut String, x: f64, y: f64) {
     out.push_str("</g>\n");
 }
 
+/// Where a panel's cells are inside it: their left and top edges, and the columns (the keys,
+/// and the ‹ column of a window's weight before it).
+struct Cells {
+    gx: f64,
+    gy: f64,
+    /// 1 when the first column is the ‹ column.
+    offset: usize,
+    ncols: usize,
+}
+
+/// Font size of a label (0: the labels are too many to write each).
+fn size(font: f64) -> f64 {
+    if font > 0.0 {
+        font
+    } else {
+        8.0
+    }
+}
+
+/// Every how many labels one is written.
+fn every(font: f64, n: usize) -> usize {
+    if font > 0.0 {
+        1
+    } else {
+        n.div_ceil(16).max(1)
+    }
+}
+
 fn panel(out: &mut String, g: &Grid, lay: &Layout, x0: f64, y0: f64) {
-    let (cw, ch) = (lay.cw, lay.ch);
     let _ = writeln!(
         out,
         r#"<g class="grid" data-title="{t}" transform="translate({x0:.1},{y0:.1})">"#,
         t = xml_escape(&g.title)
     );
     let _ = writeln!(out, r#"<text x="0" y="12" font-size="12" font-weight="bold">{}</text>"#, xml_escape(&g.title));
-    let gx = lay.label_w; // the cells' left edge
-    let gy = lay.head_h; // their top edge
     let offset = usize::from(g.before.is_some());
-    let ncols = g.cols.len() + offset;
-    let every = |font: f64, n: usize| if font > 0.0 { 1 } else { n.div_ceil(16).max(1) };
-    let (col_every, row_every) = (every(lay.col_font, ncols), every(lay.row_font, g.rows.len()));
-    let size = |font: f64| if font > 0.0 { font } else { 8.0 };
-    // Key labels, upright above each column.
+    let c = Cells { gx: lay.label_w, gy: lay.head_h, offset, ncols: g.cols.len() + offset };
+    column_labels(out, g, lay, &c);
+    // What the rows are, at the axes' corner.
+    let _ = writeln!(
+        out,
+        r##"<text class="corner" x="{:.1}" y="{:.1}" font-size="9" text-anchor="end" fill="#555">{}</text>"##,
+        c.gx - 3.0,
+        c.gy - 3.0,
+        xml_escape(g.corner)
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{MASKED}"/>"#,
+        c.gx,
+        c.gy,
+        lay.cw * c.ncols as f64,
+        lay.ch * g.rows.len() as f64
+    );
+    for r in 0..g.rows.len() {
+        row(out, g, lay, &c, r);
+    }
+    if let Some(r) = g.decoded_from {
+        let y = c.gy + r as f64 * lay.ch;
+        let _ = writeln!(
+            out,
+            r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5" stroke-dasharray="4 3"/>"#,
+            c.gx - lay.label_w + 4.0,
+            c.gx + lay.cw * c.ncols as f64 + 4.0,
+        );
+    }
+    out.push_str("</g>\n");
+}
+
+/// Key labels, upright above each column.
+fn column_labels(out: &mut String, g: &Grid, lay: &Layout, c: &Cells) {
+    let col_every = every(lay.col_font, c.ncols);
     let mut col_label = |i: usize, text: &str| {
-        let x = gx + (i as f64 + 0.7) * cw;
+        let x = c.gx + (i as f64 + 0.7) * lay.cw;
         let _ = writeln!(
             out,
             r#"<text class="col" x="{x:.1}" y="{y:.1}" font-size="{:.0}" transform="rotate(-90 {x:.1} {y:.1})">{}</text>"#,
             size(lay.col_font),
             xml_escape(text),
-            y = gy - 3.0,
+            y = c.gy - 3.0,
         );
     };
     if g.before.is_some() {
         col_label(0, "‹ before");
     }
     for (i, t) in g.cols.iter().enumerate() {
-        if (i + offset) % col_every == 0 {
-            col_label(i + offset, &tick_text(t, lay.col_font > 0.0));
+        if (i + c.offset).is_multiple_of(col_every) {
+            col_label(i + c.offset, &tick_text(t, lay.col_font > 0.0));
         }
     }
-    // What the rows are, at the axes' corner.
-    let _ = writeln!(
-        out,
-        r##"<text class="corner" x="{:.1}" y="{:.1}" font-size="9" text-anchor="end" fill="#555">{}</text>"##,
-        gx - 3.0,
-        gy - 3.0,
-        xml_escape(g.corner)
-    );
-    let _ = writeln!(
-        out,
-        r#"<rect x="{gx:.1}" y="{gy:.1}" width="{:.1}" height="{:.1}" fill="{MASKED}"/>"#,
-        cw * ncols as f64,
-        ch * g.rows.len() as f64
-    );
-    for (r, t) in g.rows.iter().enumerate() {
-        let y = gy + r as f64 * ch;
-        if r % row_every == 0 {
-            let _ = writeln!(
-                out,
-                r#"<text class="row" x="{:.1}" y="{:.1}" font-size="{:.0}" text-anchor="end">{}</text>"#,
-                gx - 3.0,
-                y + ch * 0.8,
-                size(lay.row_font),
-                xml_escape(&tick_text(t, lay.row_font > 0.0))
-            );
-        }
-        let query = xml_escape(&format!("{} {}", t.index, axis_label(&t.label)));
-        let mut cell = |i: usize, w: f32, key: &str| {
-            let _ = writeln!(
-                out,
-                r#"<rect class="cell" x="{:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{}" data-w="{w}"><title>{query} → {key}: {w:.4}</title></rect>"#,
-                gx + i as f64 * cw,
-                hex(shade(w)),
-            );
-        };
-        if let Some(before) = &g.before {
-            cell(0, before[r], "every key before the window");
-        }
-        for (i, k) in g.cols.iter().enumerate() {
-            if let Some(w) = g.cell(r, i) {
-                cell(i + offset, w, &xml_escape(&format!("{} {}", k.index, axis_label(&k.label))));
-            }
-        }
-    }
-    if let Some(r) = g.decoded_from {
-        let y = gy + r as f64 * ch;
+}
+
+/// Row `r`: its label (if written) and its cells.
+fn row(out: &mut String, g: &Grid, lay: &Layout, c: &Cells, r: usize) {
+    let (cw, ch, t) = (lay.cw, lay.ch, &g.rows[r]);
+    let y = c.gy + r as f64 * ch;
+    if r.is_multiple_of(every(lay.row_font, g.rows.len())) {
         let _ = writeln!(
             out,
-            r#"<line class="divider" x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{DIVIDER}" stroke-width="1.5" stroke-dasharray="4 3"/>"#,
-            gx - lay.label_w + 4.0,
-            gx + cw * ncols as f64 + 4.0,
+            r#"<text class="row" x="{:.1}" y="{:.1}" font-size="{:.0}" text-anchor="end">{}</text>"#,
+            c.gx - 3.0,
+            y + ch * 0.8,
+            size(lay.row_font),
+            xml_escape(&tick_text(t, lay.row_font > 0.0))
         );
     }
-    out.push_str("</g>\n");
+    let query = xml_escape(&format!("{} {}", t.index, axis_label(&t.label)));
+    let mut cell = |i: usize, w: f32, key: &str| {
+        let _ = writeln!(
+            out,
+            r#"<rect class="cell" x="{:.1}" y="{y:.1}" width="{cw:.1}" height="{ch:.1}" fill="{}" data-w="{w}"><title>{query} → {key}: {w:.4}</title></rect>"#,
+            c.gx + i as f64 * cw,
+            hex(shade(w)),
+        );
+    };
+    if let Some(before) = &g.before {
+        cell(0, before[r], "every key before the window");
+    }
+    for (i, k) in g.cols.iter().enumerate() {
+        if let Some(w) = g.cell(r, i) {
+            cell(i + c.offset, w, &xml_escape(&format!("{} {}", k.index, axis_label(&k.label))));
+        }
+    }
 }
 
 /// The grids as panels, `per_row` to a row, under `title` and the colour bar.
