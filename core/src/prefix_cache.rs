@@ -162,9 +162,15 @@ impl PrefixCache {
     /// The longest cached prefix of `ids`, at most `len - 1` tokens (the last position is always
     /// computed, for its logits), in one descent: its length, its K/V spans and a hold on them.
     pub fn lookup(&mut self, ids: &[u32]) -> Lookup<'_> {
+        self.lookup_upto(ids, ids.len().saturating_sub(1))
+    }
+
+    /// [`PrefixCache::lookup`] of at most the first `max` tokens: a plan that already knows how
+    /// many the cache gives ([`PrefixCache::peek`]) takes exactly those.
+    pub fn lookup_upto(&mut self, ids: &[u32], max: usize) -> Lookup<'_> {
         self.clock += 1;
         self.stats.lookups += 1;
-        let path = self.descend(ids, ids.len().saturating_sub(1));
+        let path = self.descend(ids, max.min(ids.len().saturating_sub(1)));
         let len = path.iter().map(|&(_, take)| take).sum();
         let (end, end_take) = path.last().copied().unwrap_or((ROOT, 0));
         let stop = self.stop_at(ids, len, end, end_take);

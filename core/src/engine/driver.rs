@@ -170,8 +170,8 @@ impl Engine {
         let cache = &self.cache;
         let plan = policy::plan(&running, &waiting, &|ids| cache.peek(ids), limits);
         self.admit(plan.admit);
-        for &(id, _) in &plan.start {
-            self.start(id, monitor);
+        for &(id, cached) in &plan.start {
+            self.start(id, cached, monitor);
         }
         let out = self.runner.execute(&mut self.slots, &plan.rows)?;
         self.update(out, monitor);
@@ -197,11 +197,12 @@ impl Engine {
         }
     }
 
-    /// Starts sequence `id` from the longest prefix the prompt cache holds, held until it ends.
-    fn start(&mut self, id: u64, monitor: &mut dyn Monitor) {
+    /// Starts sequence `id` from the `cached` tokens of its prompt the plan found in the prompt
+    /// cache, held until it ends.
+    fn start(&mut self, id: u64, cached: usize, monitor: &mut dyn Monitor) {
         let Some(i) = self.slots.iter().position(|s| s.id == id) else { return };
         let s = &mut self.slots[i];
-        let found = self.cache.lookup(s.seq.ids());
+        let found = self.cache.lookup_upto(s.seq.ids(), cached);
         let restored = found.spans.iter().try_for_each(|span| s.seq.restore(span, 0, span.len));
         s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
         (s.cached, s.hold, s.phase) = (found.len, Some(found.hold), Phase::Prefilling);
