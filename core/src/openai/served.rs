@@ -8,6 +8,7 @@ use super::error::{ApiError, ApiResult, Status};
 use super::job::Job;
 use super::request::{Params, Prompt};
 use crate::engine::{EngineHandle, Request, SubmitError};
+use crate::sampler::Sampling;
 use crate::tokenizer::Tokenizer;
 
 /// A model served through the API: its tokenizer, its names and its engine.
@@ -99,7 +100,7 @@ impl Served {
                     prompt: ids.clone(),
                     max_new_tokens: max_tokens,
                     // Choice `j` samples with seed `seed + j`, so choices differ and each is reproducible.
-                    sampling: crate::Sampling { seed: params.sampling.seed.wrapping_add(j as u64), ..params.sampling },
+                    sampling: Sampling { seed: params.sampling.seed.wrapping_add(j as u64), ..params.sampling },
                     stop_at_eos: !params.ignore_eos,
                     logprobs: params.logprobs,
                     speculative: params.speculative,

@@ -51,7 +51,7 @@ fn hit(c: &mut PrefixCache, ids: &[u32]) -> usize {
     }
     assert_eq!(restored.len(), l.len, "the spans cover the matched length");
     let want = cache_of(&ids[..l.len]);
-    for part in [crate::KvPart::K, crate::KvPart::V] {
+    for part in [crate::kv_cache::KvPart::K, crate::kv_cache::KvPart::V] {
         assert_eq!(restored.gather(0, part), want.gather(0, part), "K/V of the matched tokens at their positions");
     }
     let (len, hold) = (l.len, l.hold);
