@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 use kvgpt_core::chat::{Chat, Ended, Turn};
-use kvgpt_core::{Model, Step, StreamDecoder, Tokenizer};
+use kvgpt_core::stop::TextStream;
+use kvgpt_core::{Model, Step, Tokenizer};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What every answer of a session shares.
@@ -27,23 +28,17 @@ impl Answering<'_> {
         answer: impl FnOnce(&mut Chat, usize, &mut dyn FnMut(u32) -> kvgpt_core::Result<Step>) -> kvgpt_core::Result<Turn>,
         room: usize,
     ) -> Result<bool> {
-        let (tok, eos) = (self.tok, self.model.config.eos_token_id);
         let max_new = self.max_new.min(room);
-        let mut stream = StreamDecoder::default();
+        // The answer is its text up to the end of its line: the core's text of a completion,
+        // with the newline as its stop (end-of-text shows as nothing; the turn ends on it).
+        let mut stream = TextStream::new(self.tok, Some(self.model.config.eos_token_id), vec!["\n".into()]);
         let mut ended_line = false;
         let drafts_before = chat.drafts().unwrap_or_default();
         let turn = answer(chat, max_new, &mut |id| {
             if self.interrupted.load(Ordering::SeqCst) {
                 return Ok(Step::Stop);
             }
-            if id == eos {
-                return Ok(Step::Go);
-            }
-            let piece = stream.push(tok.token_bytes(id));
-            let (text, stop) = match piece.find('\n') {
-                Some(at) => (&piece[..at], true),
-                None => (&piece[..], false),
-            };
+            let (text, stop) = stream.push(id);
             crate::out::text(format_args!("{text}"))
                 .and_then(|()| crate::out::flush())
                 .map_err(|e| kvgpt_core::Error::Invalid(format!("{e:#}")))?;
