@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvgpt_core::{hub, Isa, LoadSpec, Loaded, ModelFiles, Sampling, WeightType};
+use kvgpt_core::{hub, Isa, LoadSpec, Loaded, Locate, ModelFiles, Sampling, WeightType};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
@@ -154,8 +154,9 @@ impl ModelArgs {
     }
 }
 
+/// The model's files (the flags that only locate them: no --isa or --dtype is looked at).
 pub fn locate(m: &ModelArgs) -> Result<ModelFiles> {
-    Ok(m.spec()?.locate()?)
+    Ok(Locate::from_env(m.offline).resolve(&m.model)?)
 }
 
 /// Loads the model the flags name; a note on what --dtype does to a GGUF goes to stderr first.

@@ -1,6 +1,6 @@
 //! Property tests (issue #9): real inputs — the fixture's safetensors header, config.json,
 //! tokenizer.json, a saved prompt cache, a .npy file — mutated at random; every reader must return
-//! `Ok` or an `Err` with a message, never panic. (Request bodies: src/bin/kvgpt/serve/api.rs.)
+//! `Ok` or an `Err` with a message, never panic. (Request bodies: core/src/openai/request/tests.rs.)
 
 mod common;
 

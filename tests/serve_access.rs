@@ -75,4 +75,3 @@ fn errors_sent_before_the_body_is_read_reach_a_client_still_uploading() {
     }
     assert_eq!(open.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2})).0, 200);
 }
-

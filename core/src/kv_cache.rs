@@ -254,9 +254,40 @@ impl KvSpan {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::KvCache;
-    use crate::prefix_cache::tests::{cache_of, cfg};
+pub(crate) mod tests {
+    use super::{KvCache, KvSpan};
+    use crate::config::Config;
+
+    pub(crate) fn cfg() -> Config {
+        Config {
+            n_layer: 1,
+            n_head: 1,
+            n_embd: 2,
+            n_positions: 64,
+            n_inner: 8,
+            vocab_size: 100,
+            layer_norm_epsilon: 1e-5,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            bos_token_id: 0,
+            eos_token_id: 0,
+        }
+    }
+
+    /// A cache holding `ids` at positions 0.., with the made-up K/V.
+    pub(crate) fn cache_of(ids: &[u32]) -> KvCache {
+        let n = ids.len();
+        let mut data = vec![];
+        for sign in [1.0, -1.0] {
+            for (p, &id) in ids.iter().enumerate() {
+                data.extend([sign * id as f32, p as f32]);
+            }
+        }
+        let span = KvSpan { len: n, n_layer: 1, n_head: 1, head_dim: 2, data };
+        let mut cache = KvCache::with_capacity(&cfg(), 64);
+        cache.append_span(&span, 0, n).unwrap();
+        cache
+    }
 
     #[test]
     fn same_bits_compares_the_positions_whatever_the_capacity() {

@@ -23,8 +23,8 @@
 //! so a hold always covers whole nodes, and a later split gives both halves the count); only
 //! leaves nobody holds are evicted.
 //!
-//! Whoever mirrors the cache elsewhere (the KV-event publisher, which tells a router what this
-//! server holds) can ask for a journal of [`Change`]s: a prefix became held, or stopped being
+//! Whoever mirrors the cache elsewhere (the engine, for the KV events that tell a router what
+//! this server holds) can ask for a journal of [`Change`]s: a prefix became held, or stopped being
 //! held, past a position. Splits change nothing a lookup can find, so they are not changes.
 
 use crate::kv_cache::{KvCache, KvSpan};

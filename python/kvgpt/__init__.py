@@ -69,6 +69,21 @@ def _body(kw: Dict[str, Any], stop: Optional[Union[str, List[str]]], stream: boo
     return body
 
 
+def _prompt(prompt: Any) -> Any:
+    """A prompt as a request body takes it: a text, texts, token ids (numpy's or torch's too) or
+    lists of them."""
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("expected a str or a list of token ids, got bytes: decode it to a str first")
+    if isinstance(prompt, str):
+        return prompt
+    items = list(prompt)
+    if items and isinstance(items[0], str):
+        return items
+    if items and hasattr(items[0], "__len__"):
+        return [[int(i) for i in p] for p in items]
+    return [int(i) for i in items]
+
+
 def _answer(model: Model, body: Dict[str, Any], chat: bool) -> Union[Dict[str, Any], Iterator[Dict[str, Any]]]:
     out = model._native.complete(json.dumps(body), chat=chat)
     if isinstance(out, str):
@@ -84,8 +99,7 @@ def create_completion(model: Model, prompt: Union[str, Sequence[int]], stop: Opt
     completion running meanwhile. Keywords: `max_tokens` (16), `temperature`, `top_p`, `top_k`,
     `seed`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`, and the server's other
     fields (`logprobs`, `echo`, `n`, `ignore_eos`, `stream_options`, ...)."""
-    prompt = prompt if isinstance(prompt, str) else list(prompt)
-    return _answer(model, {"prompt": prompt, **_body(kw, stop, stream)}, chat=False)
+    return _answer(model, {"prompt": _prompt(prompt), **_body(kw, stop, stream)}, chat=False)
 
 
 def create_chat_completion(model: Model, messages: List[Dict[str, str]], stop: Optional[Union[str, List[str]]] = None,

@@ -3,21 +3,24 @@
 use crate::errors::py_err;
 use kvgpt_core::engine::{self, EngineConfig, NoMonitor};
 use kvgpt_core::openai::Served;
-use kvgpt_core::{KvCache, Loaded, Locate, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use kvgpt_core::{KvCache, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A loaded model and the threads that run it, shared by everything made from it.
 pub(crate) struct Engine {
     pub(crate) model: Arc<kvgpt_core::Model>,
-    pub(crate) tokenizer: Tokenizer,
+    pub(crate) tokenizer: Arc<Tokenizer>,
     pub(crate) files: ModelFiles,
+    /// The name completions answer with: the server's for this model, decided at load.
+    served_name: String,
     pool: rayon::ThreadPool,
     /// The serving engine the OpenAI-shaped completions run in (batched with each other),
-    /// started on the first one.
+    /// started on the first one; `starting` lets one thread start it.
     served: OnceLock<Served>,
+    starting: Mutex<()>,
 }
 
 /// Sequences the completions run at once, and wait for a slot.
@@ -29,7 +32,9 @@ const CACHE_BYTES: usize = 64 << 20;
 impl Engine {
     fn new(loaded: Loaded, pool: rayon::ThreadPool) -> Engine {
         let Loaded { model, tokenizer, files } = loaded;
-        Engine { model: Arc::new(model), tokenizer, files, pool, served: OnceLock::new() }
+        let (model, tokenizer) = (Arc::new(model), Arc::new(tokenizer));
+        let served_name = kvgpt_core::openai::served_name(&files.name);
+        Engine { model, tokenizer, files, served_name, pool, served: OnceLock::new(), starting: Mutex::new(()) }
     }
 
     /// Runs `f` in the model's pool with the GIL released.
@@ -51,17 +56,21 @@ impl Engine {
     }
 
     /// The serving engine, started on its own thread (and its own pool of the model's size) the
-    /// first time it is asked for.
+    /// first time it is asked for; the name it answers with is the server's for this model.
     pub(crate) fn served(&self) -> PyResult<&Served> {
         if let Some(s) = self.served.get() {
             return Ok(s);
+        }
+        let _one = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = self.served.get() {
+            return Ok(s); // another thread started it meanwhile
         }
         let threads = self.pool.current_num_threads();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("kvgpt-serving-{i}"))
             .build()
-            .map_err(|e| PyValueError::new_err(format!("could not start {threads} threads: {e}")))?;
+            .map_err(|e| PyRuntimeError::new_err(format!("could not start {threads} threads: {e}")))?;
         let cfg = EngineConfig {
             parallel: PARALLEL,
             batch_tokens: 256,
@@ -71,15 +80,13 @@ impl Engine {
             kv_event_block_size: None,
         };
         let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
-            .map_err(|e| PyValueError::new_err(format!("could not start the engine thread: {e}")))?;
+            .map_err(|e| PyRuntimeError::new_err(format!("could not start the engine thread: {e}")))?;
         let served = Served {
             tok: self.tokenizer.clone(),
-            name: kvgpt_core::openai::served_name(&self.files.name),
+            name: self.served_name.clone(),
             aliases: vec!["kvgpt".into(), self.files.name.clone()],
             engine: spawned.handle,
         };
-        // Another thread may have started one meanwhile: that one serves, this one ends with its
-        // handle.
         Ok(self.served.get_or_init(|| served))
     }
 
@@ -164,9 +171,15 @@ pub fn load(
         b = b.num_threads(n);
     }
     let pool = b.build().map_err(|e| PyValueError::new_err(format!("could not start {threads:?} threads: {e}")))?;
+    let spec = LoadSpec { model: model.to_string(), offline, dtype, isa: None };
     let loaded = py
         .detach(|| {
-            pool.install(|| Locate::from_env(offline).resolve(model).and_then(|f| kvgpt_core::load_holding(&f, dtype)))
+            pool.install(|| {
+                spec.load(&mut |note| {
+                    use std::io::Write as _;
+                    let _ = writeln!(std::io::stderr(), "{note}");
+                })
+            })
         })
         .map_err(py_err)?;
     Ok(Model { e: Arc::new(Engine::new(loaded, pool)) })

@@ -32,7 +32,7 @@ pub async fn prepare(app: &Shared, body: Body, ep: Endpoint) -> ApiResult<Prepar
 pub async fn start(app: &Shared, body: Body, ep: Endpoint, tally: Arc<Tally>) -> ApiResult<Job> {
     let prepared = prepare(app, body, ep).await?;
     let started = Instant::now();
-    let id = format!("{}-{}-{}", ep.id_prefix(), app.started, app.next_id.fetch_add(1, Ordering::Relaxed));
+    let id = || format!("{}-{}-{}", ep.id_prefix(), app.started, app.next_id.fetch_add(1, Ordering::Relaxed));
     let job = served(app)?.submit(ep, prepared, id)?;
     Ok(Job { job, started, tally })
 }

@@ -2,7 +2,7 @@
 //! and the metrics' fixed gauges all say it from here.
 
 use super::metrics::Limits;
-use super::ServeOptions;
+use super::options::ServeOptions;
 use kvgpt_core::engine::EngineConfig;
 use kvgpt_core::openai::served_name;
 use kvgpt_core::units::count;
@@ -39,7 +39,15 @@ pub struct Facts {
 }
 
 impl Facts {
-    pub fn new(o: &ServeOptions, local: SocketAddr, loaded: &Loaded, cfg: &EngineConfig, draft: Option<&str>) -> Facts {
+    /// The facts of a server started with `o` on `local`, over `loaded` run by `threads` threads,
+    /// with the draft named, if any.
+    pub fn new(
+        o: &ServeOptions,
+        local: SocketAddr,
+        loaded: &Loaded,
+        cfg: &EngineConfig,
+        (threads, draft): (usize, Option<&str>),
+    ) -> Facts {
         let model = &loaded.model;
         let draft = cfg.draft.as_ref().zip(draft).map(|(d, name)| {
             let words = format!(
@@ -56,7 +64,7 @@ impl Facts {
             n_positions: model.config.n_positions,
             parallel: cfg.parallel,
             max_queue: cfg.max_queue,
-            threads: rayon::current_num_threads(),
+            threads,
             isa: model.isa().name(),
             dtype: model.weights_dtype().to_string(),
             weights: model.weight_bytes(),

@@ -1,5 +1,5 @@
 //! HTTP plumbing: the state the handlers share, bodies read within their limit and time, CPU
-//! work moved off the async threads, the one check of token ids, and the endpoints that need no
+//! work moved off the async threads, and the endpoints that need no
 //! engine (health, models, metrics, tokenize, detokenize).
 
 use super::api::{ApiError, ApiResult};

@@ -17,7 +17,7 @@ use axum::body::Bytes;
 use kvgpt_core::engine::BlockEvent;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 /// Where and how the KV-cache events are published.
@@ -70,21 +70,27 @@ pub struct Source {
     pub topic: String,
 }
 
-/// The bound sockets, ready to publish the engine's events.
+/// The publishing task, started when the sockets are bound (its first batch, `AllBlocksCleared`,
+/// goes out then); the engine's events reach it once the model is loaded.
 pub struct Publisher {
     pub source: Source,
-    socket: zeromq::PubSocket,
-    stream: Stream,
+    tx: UnboundedSender<Vec<BlockEvent>>,
 }
 
 impl Publisher {
-    /// Publishes every batch the engine sends, starting with `AllBlocksCleared`.
-    pub fn start(self, events: UnboundedReceiver<Vec<BlockEvent>>) {
-        tokio::spawn(publish(self.socket, events, self.stream));
+    /// Publishes every batch the engine sends.
+    pub fn start(self, mut events: UnboundedReceiver<Vec<BlockEvent>>) {
+        tokio::spawn(async move {
+            while let Some(batch) = events.recv().await {
+                if self.tx.send(batch).is_err() {
+                    return;
+                }
+            }
+        });
     }
 }
 
-/// Binds the sockets (answering replays from now on); None without an endpoint.
+/// Binds the sockets and starts publishing (and answering replays); None without an endpoint.
 pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option<Publisher>> {
     let Some(endpoint) = &o.endpoint else { return Ok(None) };
     let mut socket = zeromq::PubSocket::new();
@@ -101,6 +107,8 @@ pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option
     };
     let stream = Stream { topic: o.topic.clone(), block_size: o.block_size, kept, metrics };
     let source = Source { endpoint: bound, replay, topic: o.topic.clone() };
+    let (tx, rx) = unbounded_channel();
+    tokio::spawn(publish(socket, rx, stream));
     tracing::info!(
         "publishing KV-cache events on {} (topic {:?}, blocks of {} tokens{})",
         source.endpoint,
@@ -108,7 +116,7 @@ pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option
         o.block_size,
         source.replay.as_ref().map_or(String::new(), |r| format!(", replay on {r}"))
     );
-    Ok(Some(Publisher { source, socket, stream }))
+    Ok(Some(Publisher { source, tx }))
 }
 
 /// Binds `endpoint`; `tcp://*:P` (vLLM's form for every interface) binds 0.0.0.0. Returns the

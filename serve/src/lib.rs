@@ -27,61 +27,24 @@ mod kv_events;
 mod kv_wire;
 mod listen;
 mod metrics;
+mod options;
 mod responses;
 mod routes;
 mod shutdown;
 mod worker;
 
 pub use kv_events::KvEventOptions;
+pub use options::{LogFormat, ServeOptions};
 
 use anyhow::{Context, Result};
 use facts::Facts;
 use http::{App, Ready};
 use kvgpt_core::engine::{self, EngineConfig};
 use kvgpt_core::openai::Served;
-use kvgpt_core::speculative::{DraftSpec, Drafting};
-use kvgpt_core::{LoadSpec, Loaded};
+use kvgpt_core::speculative::Drafting;
+use kvgpt_core::Loaded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
-
-/// Everything `kvgpt serve` is asked for.
-#[derive(Clone, Debug)]
-pub struct ServeOptions {
-    /// The model, and the threads that run it (None: one per core).
-    pub load: LoadSpec,
-    pub threads: Option<usize>,
-    /// Decode speculatively with this draft.
-    pub draft: Option<DraftSpec>,
-    pub kv_events: KvEventOptions,
-    pub host: String,
-    pub port: u16,
-    /// Sequences decoded at once.
-    pub parallel: usize,
-    /// Bytes of K/V the prompt cache may hold (0 turns it off).
-    pub cache_bytes: usize,
-    /// Sequences that may wait for a slot.
-    pub max_queue: usize,
-    /// The key every endpoint but /health requires.
-    pub api_key: Option<String>,
-    /// Rows per forward step.
-    pub batch_tokens: usize,
-    /// The model's name in `/v1/models` and in responses (None: from `load.model`).
-    pub served_model_name: Option<String>,
-    pub max_body_bytes: usize,
-    pub header_timeout: Duration,
-    pub body_timeout: Duration,
-    pub shutdown_timeout: Duration,
-    /// `Host` (and `Origin`) names answered beside the loopback ones.
-    pub allowed_hosts: Vec<String>,
-    pub log_format: LogFormat,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
 
 /// Log lines on stderr: text (ANSI colours only on a terminal) or JSON objects.
 fn init_log(format: LogFormat) {
@@ -95,6 +58,7 @@ fn init_log(format: LogFormat) {
 
 /// Serves until SIGTERM or Ctrl-C, then drains.
 pub fn run(o: &ServeOptions) -> Result<()> {
+    o.check()?;
     init_log(o.log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -109,9 +73,6 @@ async fn serve(o: &ServeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("could not listen on {addr}"))?;
     let local = listener.local_addr()?;
     tracing::info!("listening on http://{local} (loading the model; /health answers 503 until it is ready)");
-    if o.kv_events.endpoint.is_some() && o.cache_bytes == 0 {
-        anyhow::bail!("--kv-events publishes what the prompt cache holds, but --cache-mb 0 turns it off");
-    }
     let metrics = metrics::Metrics::new(http::ROUTES.iter().map(|(path, _)| *path))?;
     let publisher = kv_events::bind_sockets(&o.kv_events, metrics.clone()).await?;
     let app = Arc::new(App {
@@ -141,7 +102,8 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         draft: drafting.map(|d| d.config),
         kv_event_block_size: publisher.as_ref().map(|_| o.kv_events.block_size),
     };
-    let facts = pool.install(|| Facts::new(o, local, &loaded, &engine_cfg, draft_name.as_deref()));
+    let threads = pool.current_num_threads();
+    let facts = Facts::new(o, local, &loaded, &engine_cfg, (threads, draft_name.as_deref()));
     app.metrics.limits(&facts.limits());
     let model = Arc::new(loaded.model);
     let monitor = Box::new(app.metrics.monitor(facts.kv_limit_model()));
@@ -152,7 +114,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
     }
     tracing::info!("{}", facts.banner());
     let served = Served {
-        tok: loaded.tokenizer,
+        tok: Arc::new(loaded.tokenizer),
         name: facts.name.clone(),
         aliases: vec!["kvgpt".into(), o.load.model.clone()],
         engine: spawned.handle.clone(),

@@ -30,13 +30,18 @@ impl Answering<'_> {
     ) -> Result<bool> {
         let max_new = self.max_new.min(room);
         // The answer is its text up to the end of its line: the core's text of a completion,
-        // with the newline as its stop (end-of-text shows as nothing; the turn ends on it).
-        let mut stream = TextStream::new(self.tok, Some(self.model.config.eos_token_id), vec!["\n".into()]);
+        // with the newline as its stop. End-of-text shows nothing (not even a character it cut
+        // short); the turn ends on it.
+        let eos = self.model.config.eos_token_id;
+        let mut stream = TextStream::new(self.tok, None, vec!["\n".into()]);
         let mut ended_line = false;
         let drafts_before = chat.drafts().unwrap_or_default();
         let turn = answer(chat, max_new, &mut |id| {
             if self.interrupted.load(Ordering::SeqCst) {
                 return Ok(Step::Stop);
+            }
+            if id == eos {
+                return Ok(Step::Go);
             }
             let (text, stop) = stream.push(id);
             crate::out::text(format_args!("{text}"))

@@ -3,7 +3,7 @@
 
 use super::session::{do_export, Common, Session};
 use crate::common::print_json;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use kvgpt_core::export::Named;
 use kvgpt_views::inspect::logits::{logits as report, LogitsAsk};
 
@@ -11,9 +11,6 @@ pub(super) fn logits(c: &Common, k: usize, position: Option<usize>, all: bool, l
     let s = Session::open(c)?;
     let cfg = &s.loaded.model.config;
     let t = s.ids.len();
-    if let Some(p) = position.filter(|&p| p >= t) {
-        bail!("--position {p} is out of range: the prompt has {t} tokens (positions 0..{})", t - 1);
-    }
     let positions = if all { (0..t).collect() } else { vec![position.unwrap_or(t - 1)] };
     let r = report(&s.loaded, &s.ids, &LogitsAsk { top_k: k, positions, lens })?;
     if c.io.json {

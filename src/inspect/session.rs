@@ -50,14 +50,7 @@ impl Session {
     }
 }
 
-/// `--layer` or `--head`: that one (checked against the model's `n`), or all of them.
-pub fn selected(sel: Option<usize>, n: usize, what: &str) -> Result<Vec<usize>> {
-    match sel {
-        Some(i) if i >= n => bail!("--{what} {i} is out of range: the model has {n} {what}s (0..{})", n - 1),
-        Some(i) => Ok(vec![i]),
-        None => Ok((0..n).collect()),
-    }
-}
+pub use kvgpt_views::inspect::selected;
 
 /// Checks an output path before any work, so a typo does not cost a long run.
 pub fn check_writable(path: &Path) -> Result<()> {

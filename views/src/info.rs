@@ -82,7 +82,7 @@ pub struct KernelFacts {
 
 /// Learned parameters of a `cfg` model: the tensors the config implies, `wte` counted once (tied).
 pub fn parameters(cfg: &kvgpt_core::Config) -> usize {
-    weights::expected(cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum()
+    weights::parameter_count(cfg)
 }
 
 /// Describes the model in `files`, checking its weights file's header against its config.

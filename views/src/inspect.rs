@@ -17,12 +17,32 @@ use kvgpt_core::tap::{Point, Recorder};
 
 pub mod attention;
 pub mod cache;
+pub mod draft;
 pub mod explain;
 pub mod logits;
 mod rounds;
 mod steps;
 pub use rounds::{rounds, Round};
 pub use steps::{cache_steps, wants as cache_step_points, CacheStep};
+
+/// `--layer` or `--head`: that one (checked against the model's `n`), or all of them.
+pub fn selected(sel: Option<usize>, n: usize, what: &str) -> Result<Vec<usize>> {
+    match sel {
+        Some(i) => check_indices(&[i], n, what).map(|()| vec![i]),
+        None => Ok((0..n).collect()),
+    }
+}
+
+/// Errors unless every one of `indices` is below `n` (the model's layers or heads, `what`).
+pub fn check_indices(indices: &[usize], n: usize, what: &str) -> Result<()> {
+    match indices.iter().find(|&&i| i >= n) {
+        Some(i) => Err(Error::Invalid(format!(
+            "--{what} {i} is out of range: the model has {n} {what}s (0..{})",
+            n.saturating_sub(1)
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// What a traced run recorded.
 pub struct Trace {

@@ -26,6 +26,18 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// Refuses a configuration the engine cannot run: no slot, no row per step, blocks of no
+    /// tokens.
+    pub fn check(&self) -> Result<(), String> {
+        if self.parallel == 0 || self.batch_tokens == 0 {
+            return Err("the engine needs at least one slot (parallel) and one row per step (batch_tokens)".into());
+        }
+        if self.kv_event_block_size == Some(0) {
+            return Err("KV-event blocks need at least one token".into());
+        }
+        Ok(())
+    }
+
     /// The most K/V bytes the running sequences can hold: every slot at the full context (with
     /// a draft model, its caches too).
     pub fn kv_limit(&self, model: &Model) -> usize {

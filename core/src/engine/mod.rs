@@ -46,13 +46,15 @@ pub struct Spawned {
     pub kv_events: Option<UnboundedReceiver<Vec<BlockEvent>>>,
 }
 
-/// Starts an engine on its own thread (inside `pool` when given).
+/// Starts an engine on its own thread (inside `pool` when given); a configuration it cannot run
+/// ([`EngineConfig::check`]) is an `InvalidInput` error.
 pub fn spawn(
     model: Arc<Model>,
     cfg: EngineConfig,
     mut monitor: Box<dyn Monitor>,
     pool: Option<rayon::ThreadPool>,
 ) -> std::io::Result<Spawned> {
+    cfg.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let (tx, rx) = mpsc::channel();
     let (events_tx, kv_events) = match cfg.kv_event_block_size {
         Some(size) => {

@@ -3,7 +3,7 @@
 //! events announced (and did not remove) must be exactly those.
 
 use super::*;
-use crate::prefix_cache::tests::cache_of; // a cache holding made-up K/V for given ids
+use crate::kv_cache::tests::cache_of; // a cache holding made-up K/V for given ids
 use crate::prefix_cache::PrefixCache;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -46,7 +46,8 @@ impl Served {
         let usages = head.usages(&ended);
         let mut usage = usage_json(&usages);
         usage["prompt_cache"] = head.prompt_cache_json(&self.tok, &ended);
-        let body = json!({"id": head.id, "object": ep.object(), "created": head.created, "model": head.model,
+        // Created when answered (a stream's chunks carry the time it was submitted).
+        let body = json!({"id": head.id, "object": ep.object(), "created": super::now_secs(), "model": head.model,
             "seed": params.sampling.seed, "choices": choices, "usage": usage});
         Ok((body, usages))
     }

@@ -10,10 +10,11 @@ use super::request::{Params, Prompt};
 use crate::engine::{EngineHandle, Request, SubmitError};
 use crate::sampler::Sampling;
 use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
 
 /// A model served through the API: its tokenizer, its names and its engine.
 pub struct Served {
-    pub tok: Tokenizer,
+    pub tok: Arc<Tokenizer>,
     /// The name responses carry.
     pub name: String,
     /// Other names a request's `model` may give.
@@ -89,8 +90,8 @@ impl Served {
     }
 
     /// Checks every prompt against the context and submits the sequences (prompt `i`, choice
-    /// `j` is `seqs[i * n + j]`) as the job `id`.
-    pub fn submit(&self, ep: Endpoint, p: Prepared, id: String) -> ApiResult<Job> {
+    /// `j` is `seqs[i * n + j]`); a submitted job is named by `id()` (a refused one uses no name).
+    pub fn submit(&self, ep: Endpoint, p: Prepared, id: impl FnOnce() -> String) -> ApiResult<Job> {
         let Prepared { params, prompts } = p;
         let mut reqs = vec![];
         for (ids, _) in &prompts {
@@ -110,7 +111,7 @@ impl Served {
         let seqs = self.engine.submit_all(reqs).map_err(submit_error)?;
         let (prompt_ids, prompt_texts) = prompts.into_iter().unzip();
         let created = super::now_secs();
-        Ok(Job { ep, id, created, model: self.name.clone(), params, prompt_ids, prompt_texts, seqs })
+        Ok(Job { ep, id: id(), created, model: self.name.clone(), params, prompt_ids, prompt_texts, seqs })
     }
 }
 

@@ -2,40 +2,9 @@
 //! so every restored value says which token and position it came from.
 
 use super::*;
-use crate::config::Config;
+use crate::kv_cache::tests::{cache_of, cfg};
 
 const PER_TOKEN: usize = 20; // 2 parts × 2 floats × 4 bytes of K/V + 4 bytes of token id
-
-pub(crate) fn cfg() -> Config {
-    Config {
-        n_layer: 1,
-        n_head: 1,
-        n_embd: 2,
-        n_positions: 64,
-        n_inner: 8,
-        vocab_size: 100,
-        layer_norm_epsilon: 1e-5,
-        scale_attn_weights: true,
-        scale_attn_by_inverse_layer_idx: false,
-        bos_token_id: 0,
-        eos_token_id: 0,
-    }
-}
-
-/// A cache holding `ids` at positions 0.., with the made-up K/V.
-pub(crate) fn cache_of(ids: &[u32]) -> KvCache {
-    let n = ids.len();
-    let mut data = vec![];
-    for sign in [1.0, -1.0] {
-        for (p, &id) in ids.iter().enumerate() {
-            data.extend([sign * id as f32, p as f32]);
-        }
-    }
-    let span = KvSpan { len: n, n_layer: 1, n_head: 1, head_dim: 2, data };
-    let mut cache = KvCache::with_capacity(&cfg(), 64);
-    cache.append_span(&span, 0, n).unwrap();
-    cache
-}
 
 fn insert(c: &mut PrefixCache, ids: &[u32]) {
     c.insert(ids, &cache_of(ids));

@@ -52,7 +52,7 @@ impl Header {
             git,
             load_ms,
             weight_bytes: m.weight_bytes(),
-            parameters: crate::info::parameters(cfg),
+            parameters: kvgpt_core::weights::parameter_count(cfg),
             kv_cache_bytes: KvCache::new(cfg).bytes(),
             peak_rss_bytes,
             read_bandwidth_gb_s: bandwidth,

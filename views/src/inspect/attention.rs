@@ -2,7 +2,7 @@
 //! run (the prompt, and any tokens decoded after it with the cache on), as the grids every
 //! picture draws, JSON, and the one tensor `--export` writes.
 
-use super::{trace, TraceSpec};
+use super::{check_indices, trace, TraceSpec};
 use crate::render::attention_html::{self, Viewer};
 use crate::render::{axis_label, svg, term, Grid, Tick};
 use kvgpt_core::error::{Error, Result};
@@ -84,6 +84,9 @@ fn query_position(p: i64, s: usize) -> Result<usize> {
 impl AttentionView {
     /// Traces `ids` (and `ask.generate` decode steps) recording the attention weights.
     pub fn compute(loaded: &Loaded, ids: &[u32], ask: AttentionAsk) -> Result<AttentionView> {
+        let cfg = &loaded.model.config;
+        check_indices(&ask.layers, cfg.n_layer, "layer")?;
+        check_indices(&ask.heads, cfg.n_head, "head")?;
         let spec = TraceSpec {
             generate: ask.generate,
             want: |p| matches!(p, Point::AttnProbs(_)),

@@ -2,7 +2,7 @@
 //! step) as the terminal, SVG and HTML draw it ([`CacheView`]), and every layer's K and V for
 //! `--export`.
 
-use super::{cache_step_points, cache_steps, trace, CacheStep, TraceSpec};
+use super::{cache_step_points, cache_steps, check_indices, trace, CacheStep, TraceSpec};
 use crate::render::cache::{CacheView, Compare, Ratio, StepView};
 use kvgpt_core::error::Result;
 use kvgpt_core::work::Work;
@@ -29,6 +29,8 @@ pub struct KvTensors {
 /// The view of `ids` (and `ask.generate` decode steps), and the cache it ends with.
 pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(CacheView, KvTensors)> {
     let (m, cfg) = (&loaded.model, &loaded.model.config);
+    check_indices(&[ask.layer], cfg.n_layer, "layer")?;
+    check_indices(&[ask.head], cfg.n_head, "head")?;
     let spec = TraceSpec { generate: ask.generate, want: cache_step_points, all_logits: false, prefill: ask.prefill };
     let mut tr = trace(m, ids, &spec)?;
     let steps = cache_steps(m, &mut tr, ask.layer, ask.head)?;

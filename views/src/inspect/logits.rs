@@ -88,7 +88,13 @@ fn distribution(tok: &Tokenizer, row: &[f32], k: usize) -> Distribution {
 
 /// Runs `ids` once, recording every position's logits (and, with the lens, the residual stream).
 pub fn logits(loaded: &Loaded, ids: &[u32], ask: &LogitsAsk) -> Result<LogitsReport> {
-    let (m, cfg) = (&loaded.model, &loaded.model.config);
+    let (m, cfg, t) = (&loaded.model, &loaded.model.config, ids.len());
+    if let Some(p) = ask.positions.iter().find(|&&p| p >= t) {
+        return Err(Error::Invalid(format!(
+            "--position {p} is out of range: the prompt has {t} tokens (positions 0..{})",
+            t.saturating_sub(1)
+        )));
+    }
     let spec = TraceSpec {
         generate: 0,
         want: if ask.lens { |p| matches!(p, Point::Embed | Point::Block(_)) } else { |_| false },

@@ -6,7 +6,7 @@
 
 use super::cache::CacheView;
 use super::grid::{xml_escape, PALETTE, READ, WRITTEN};
-use anyhow::Result;
+use kvgpt_core::error::{Error, Result};
 use serde_json::{json, Value};
 use std::fmt::Write as _;
 
@@ -24,7 +24,7 @@ fn round(v: &mut Value) {
 }
 
 pub fn html(v: &CacheView) -> Result<String> {
-    let mut data = serde_json::to_value(v)?;
+    let mut data = serde_json::to_value(v).map_err(|e| Error::Invalid(format!("the cache view as JSON: {e}")))?;
     round(&mut data);
     let page = json!({ "view": data, "palette": PALETTE, "written": WRITTEN, "read": READ });
     // `<` only occurs inside JSON strings, where \u003c is the same character.

@@ -1,4 +1,4 @@
-//! Drawing attention: one [`Grid`] (a labelled heatmap, the library's `views::grid`) drawn as
+//! Drawing attention: one [`Grid`] (a labelled heatmap, [`grid`]) drawn as
 //! terminal text ([`term`]), SVG ([`svg`]) or one self-contained HTML viewer ([`html`], which the
 //! Python package draws too), all with the same colour scale: white for no weight, dark blue for
 //! all of it; and the cache view's data ([`cache`]) drawn by [`cache_term`], [`cache_svg`] and
