@@ -55,7 +55,7 @@ impl Model {
         let ep = if chat { Endpoint::Chat } else { Endpoint::Completions };
         let e = self.e.clone();
         let job = py.detach(|| submit(&e, ep, body))?;
-        if job.params.stream {
+        if job.head.params.stream {
             let rx = stream(self.e.clone(), job)?;
             return Ok(Py::new(py, Chunks { rx: Mutex::new(rx) })?.into_any());
         }

@@ -67,7 +67,7 @@ async fn respond(app: Shared, tally: Arc<access::Tally>, body: Body, ep: Endpoin
         return e.into_response();
     }
     let out = match admission::start(&app, body, ep, tally).await {
-        Ok(job) if job.job.params.stream => Ok(responses::stream(app.clone(), job)),
+        Ok(job) if job.job.head.params.stream => Ok(responses::stream(app.clone(), job)),
         Ok(job) => responses::collect(&app, job).await.map(|v| Json(v).into_response()),
         Err(e) => Err(e),
     };

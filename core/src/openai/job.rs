@@ -1,4 +1,5 @@
-//! A submitted request: what its answer is made of besides the choices' text.
+//! A submitted request: what its answer is made of besides the choices' text, and the choices'
+//! events.
 
 use super::endpoint::Endpoint;
 use super::request::Params;
@@ -7,22 +8,14 @@ use std::sync::Arc;
 
 /// A submitted request: prompt `i`, choice `j` is `seqs[i * n + j]`.
 pub struct Job {
-    pub ep: Endpoint,
-    pub id: String,
-    pub created: u64,
-    /// The model's name, as responses carry it.
-    pub model: String,
-    pub params: Params,
-    pub prompt_ids: Vec<Vec<u32>>,
-    pub prompt_texts: Vec<String>,
+    pub head: StreamHead,
     pub seqs: Vec<Events>,
 }
 
 impl Job {
     /// What every chunk of the answer shares, and each choice's events.
     pub fn split(self) -> (Arc<StreamHead>, Vec<Events>) {
-        let Job { ep, id, created, model, params, prompt_ids, prompt_texts, seqs } = self;
-        (Arc::new(StreamHead { ep, id, created, model, params, prompt_ids, prompt_texts }), seqs)
+        (Arc::new(self.head), self.seqs)
     }
 }
 
@@ -30,7 +23,9 @@ impl Job {
 pub struct StreamHead {
     pub ep: Endpoint,
     pub id: String,
+    /// When it was submitted.
     pub created: u64,
+    /// The model's name, as responses carry it.
     pub model: String,
     pub params: Params,
     pub prompt_ids: Vec<Vec<u32>>,

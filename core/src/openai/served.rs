@@ -5,7 +5,7 @@
 
 use super::endpoint::Endpoint;
 use super::error::{ApiError, ApiResult, Status};
-use super::job::Job;
+use super::job::{Job, StreamHead};
 use super::request::{Params, Prompt};
 use crate::engine::{EngineHandle, Request, SubmitError};
 use crate::sampler::Sampling;
@@ -111,7 +111,8 @@ impl Served {
         let seqs = self.engine.submit_all(reqs).map_err(submit_error)?;
         let (prompt_ids, prompt_texts) = prompts.into_iter().unzip();
         let created = super::now_secs();
-        Ok(Job { ep, id: id(), created, model: self.name.clone(), params, prompt_ids, prompt_texts, seqs })
+        let head = StreamHead { ep, id: id(), created, model: self.name.clone(), params, prompt_ids, prompt_texts };
+        Ok(Job { head, seqs })
     }
 }
 
