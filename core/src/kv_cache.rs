@@ -26,6 +26,9 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// How K/V are held, as stored K/V record it: f32, per layer K then V, each `[NH, N, HS]`.
+    pub const LAYOUT: &'static str = "f32; per layer K then V, [NH, N, HS]";
+
     /// A cache for `cfg.n_positions` positions of every layer, allocated once.
     pub fn new(cfg: &Config) -> KvCache {
         KvCache::with_capacity(cfg, cfg.n_positions)

@@ -2,7 +2,8 @@
 //! the next run with the same prefix computes only the rest, with the bits of a cold run.
 //!
 //! Layout (little-endian): `KVGPTPC1`, a u32 header length, the header as JSON (format version,
-//! the model's fingerprint and shape, the weights' dtype, the token count), the token ids (u32),
+//! the model's K/V fingerprint — every weight byte as held, the config's numbers, the K/V layout —
+//! its shape, the weights' dtype, the token count), the token ids (u32),
 //! the K/V (`[L, 2, NH, N, HS]` f32), and an FNV-1a 64 checksum of everything before it. A file of
 //! another model or dtype, a truncated or corrupt one, is refused with an error that says which.
 //! Writing goes to a temporary file in the same folder that is renamed over the target, so a
@@ -15,12 +16,13 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 const MAGIC: &[u8; 8] = b"KVGPTPC1";
-const VERSION: u32 = 1;
+/// 2: the model's fingerprint covers every weight byte as held (1: a sample of them).
+const VERSION: u32 = 2;
 
 #[derive(Serialize, Deserialize, PartialEq, Debug)]
 struct Header {
     version: u32,
-    /// [`fingerprint`] as hex.
+    /// [`fingerprint`].
     model: String,
     dtype: String,
     n_layer: usize,
@@ -46,38 +48,18 @@ pub fn fnv1a(mut h: u64, bytes: &[u8]) -> u64 {
 
 pub const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// A fingerprint of the weights (FNV-1a over the shape, `wpe`, every LayerNorm and bias, and
-/// the first eight token embeddings): what a prompt cache file records to refuse another
-/// model's K/V.
-pub fn fingerprint(model: &Model) -> u64 {
-    let cfg = &model.config;
-    let floats = |h: u64, x: &[f32]| x.iter().fold(h, |h, f| fnv1a(h, &f.to_bits().to_le_bytes()));
-    let mut h = FNV_OFFSET;
-    for n in [cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.n_inner, cfg.n_positions, cfg.vocab_size] {
-        h = fnv1a(h, &(n as u64).to_le_bytes());
-    }
-    h = floats(h, &model.wpe);
-    let mut col = vec![0.0; cfg.n_embd];
-    for id in 0..8.min(cfg.vocab_size) {
-        model.wte.column_into(id, &mut col);
-        h = floats(h, &col);
-    }
-    for b in &model.h {
-        for ln in [&b.ln_1, &b.ln_2] {
-            h = floats(floats(h, &ln.weight), &ln.bias);
-        }
-        for c in [&b.c_attn, &b.attn_c_proj, &b.c_fc, &b.mlp_c_proj] {
-            h = floats(h, &c.bias);
-        }
-    }
-    floats(floats(h, &model.ln_f.weight), &model.ln_f.bias)
+/// What a prompt cache file records of the model that wrote it, to refuse another's K/V: the
+/// model's K/V fingerprint ([`Model::kv_fingerprint`]: every weight byte as held, the config's
+/// numbers and the K/V's layout), as hex.
+pub fn fingerprint(model: &Model) -> String {
+    model.kv_fingerprint().to_string()
 }
 
 fn header_for(model: &Model, tokens: usize) -> Header {
     let cfg = &model.config;
     Header {
         version: VERSION,
-        model: format!("{:016x}", fingerprint(model)),
+        model: fingerprint(model),
         dtype: model.weights_dtype().to_string(),
         n_layer: cfg.n_layer,
         n_head: cfg.n_head,

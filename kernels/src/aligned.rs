@@ -30,6 +30,13 @@ impl<T: Plain> Aligned<T> {
     }
 }
 
+/// The bytes of plain values, in memory order (little-endian on every machine kvgpt runs on).
+pub fn bytes_of_plain<T: Plain>(v: &[T]) -> &[u8] {
+    // SAFETY: a `Plain` type has no padding and no invalid bit patterns, so every byte of `v` is
+    // initialised; u8 has alignment 1; the length is the slice's size in bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
 impl<T: Plain> Deref for Aligned<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {

@@ -1,5 +1,6 @@
 //! GPT-2's parts as they are held in memory, and how they are loaded by the tensor-name table.
 
+use super::fingerprint::Fingerprint;
 use crate::config::Config;
 use crate::error::Result;
 use crate::weights::{names, Weights};
@@ -42,6 +43,8 @@ pub struct Model {
     /// How the matrices are held for computation (accumulation is always f32).
     pub dtype: WeightType,
     pub(super) isa: Isa,
+    /// Every weight byte as held, hashed once at load ([`Model::fingerprint`]).
+    pub(super) fingerprint: Fingerprint,
 }
 
 impl Conv1D {
@@ -112,7 +115,7 @@ impl Model {
         let (wte, h) = (wte?, h?);
         // What the model is called held as: its blocks' type (a GGUF's file type names the same).
         let dtype = h.first().map_or(wte.weight_type(), |b: &Block| b.c_fc.weight.weight_type());
-        Ok(Model {
+        let mut model = Model {
             wte,
             no_bias: vec![0.0; v],
             wpe: ck.tensor(names::WPE, &[config.n_positions, c])?,
@@ -120,8 +123,22 @@ impl Model {
             ln_f: LayerNorm::load(&ck, names::LN_F, c)?,
             dtype,
             isa: Isa::detect(),
+            fingerprint: Fingerprint([0; 32]),
             config,
-        })
+        };
+        model.fingerprint = super::fingerprint::of(&model);
+        Ok(model)
+    }
+
+    /// A hash of every byte of every weight as held, with the config's numbers: equal for two
+    /// models exactly when they compute the same K/V (see [`Fingerprint`]).
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// What K/V this model computes are stored under: its fingerprint and the K/V's layout.
+    pub fn kv_fingerprint(&self) -> Fingerprint {
+        super::fingerprint::of_kv(self)
     }
 
     /// The same model running another compiled copy of the kernels (for tests and benchmarks).

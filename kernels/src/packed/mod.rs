@@ -30,7 +30,7 @@ pub(crate) use layout::{panel_index, scale_index, sub_block_index, w4_index, w8_
 pub(crate) use quant::{quantize, quantize_by, scale_of};
 pub use types::WeightType;
 
-use crate::aligned::Aligned;
+use crate::aligned::{bytes_of_plain, Aligned};
 
 /// Stored weights.
 pub(crate) enum Storage {
@@ -49,6 +49,23 @@ impl Storage {
             Storage::Bf16(_) => WeightType::Bf16,
             Storage::Q8 { .. } => WeightType::Q8,
             Storage::Ints(w) => w.ty,
+        }
+    }
+
+    /// Every byte held, buffer by buffer (values, then scales and minimums), to `f`.
+    pub(crate) fn each_byte_run(&self, f: &mut dyn FnMut(&[u8])) {
+        match self {
+            Storage::F32(v) => f(bytes_of_plain(v)),
+            Storage::F16(v) | Storage::Bf16(v) => f(bytes_of_plain(v)),
+            Storage::Q8 { q, scales } => {
+                f(bytes_of_plain(q));
+                f(bytes_of_plain(scales));
+            }
+            Storage::Ints(w) => {
+                f(bytes_of_plain(&w.q));
+                f(bytes_of_plain(&w.scales));
+                f(bytes_of_plain(&w.mins));
+            }
         }
     }
 
@@ -243,6 +260,15 @@ impl PackedMatrix {
     /// Bytes held (padding and scales included).
     pub fn bytes(&self) -> usize {
         self.data.bytes()
+    }
+
+    /// Every byte the matrix holds, as it holds them (its type's values in panels, then scales
+    /// and minimums), handed to `f` buffer by buffer: what a fingerprint of the weights reads.
+    pub fn each_byte_run(&self, f: &mut dyn FnMut(&[u8])) {
+        f(self.data.weight_type().name().as_bytes());
+        f(&(self.k as u64).to_le_bytes());
+        f(&(self.n as u64).to_le_bytes());
+        self.data.each_byte_run(f);
     }
 
     /// The matrix as the kernel sees it: `[K, N]` f32, every weight widened (dequantized).
