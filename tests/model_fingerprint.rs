@@ -23,13 +23,15 @@ fn saved_by(model: &Model, dir: &Path) -> Vec<u8> {
     std::fs::read(file).unwrap()
 }
 
-/// The fixture's model.safetensors, its header's length and the data's byte ranges of the tensors
-/// the model uses.
-fn fixture_tensors() -> (Vec<u8>, usize, Vec<(String, std::ops::Range<usize>)>) {
+/// A tensor's name and the range of the file's bytes that hold its values.
+type Tensor = (String, std::ops::Range<usize>);
+
+/// The fixture's model.safetensors, and its tensors.
+fn fixture_tensors() -> (Vec<u8>, Vec<Tensor>) {
     let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let mut tensors: Vec<(String, std::ops::Range<usize>)> = header
+    let mut tensors: Vec<Tensor> = header
         .as_object()
         .unwrap()
         .iter()
@@ -40,12 +42,12 @@ fn fixture_tensors() -> (Vec<u8>, usize, Vec<(String, std::ops::Range<usize>)>) 
         })
         .collect();
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    (bytes, n, tensors)
+    (bytes, tensors)
 }
 
 /// A copy of the fixture with the f32 at `at` of tensor `t` moved to its next representable value.
 fn nudged(dir: &Path, t: usize, at: usize) -> Model {
-    let (mut bytes, _, tensors) = fixture_tensors();
+    let (mut bytes, tensors) = fixture_tensors();
     let (_, range) = &tensors[t % tensors.len()];
     let i = range.start + 4 * (at % (range.len() / 4));
     let x = u32::from_le_bytes(bytes[i..i + 4].try_into().unwrap());
@@ -87,7 +89,7 @@ proptest! {
 #[test]
 fn a_file_from_a_model_with_a_scaled_matrix_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut bytes, _, tensors) = fixture_tensors();
+    let (mut bytes, tensors) = fixture_tensors();
     let (_, range) = tensors.iter().find(|(k, _)| k.ends_with("h.0.attn.c_attn.weight")).unwrap().clone();
     for i in range.step_by(4) {
         let x = f32::from_le_bytes(bytes[i..i + 4].try_into().unwrap()) * 1.5;
