@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs="${1:-60}"
 # FUZZ_TARGETS="gguf npy" runs only those.
-read -r -a targets <<< "${FUZZ_TARGETS:-safetensors config tokenizer npy prompt_cache request gguf}"
+read -r -a targets <<< "${FUZZ_TARGETS:-safetensors config tokenizer npy prompt_cache request gguf zmtp}"
 fix=tests/fixtures/tiny-gpt2
 corpus=fuzz/corpus
 mkdir -p "$corpus"
@@ -75,6 +75,11 @@ for n, s in shapes.items():
     data += blob; off += len(blob)
 head = b"GGUF" + u32(3) + struct.pack("<QQ", len(shapes), len(meta)) + b"".join(meta) + infos
 seed("gguf", "tiny", head + b"\0" * (-len(head) % 32) + data)
+# A ZMTP peer: its greeting, READY (Socket-Type DEALER), and a replay request ["", start];
+# the first byte is the size of the pieces the target feeds the decoder.
+greet = b"\xff" + b"\0" * 8 + b"\x7f\x03\x00NULL" + b"\0" * 48
+ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+seed("zmtp", "replay", b"\x07" + greet + b"\x04" + bytes([len(ready)]) + ready + b"\x01\x00\x00\x08" + struct.pack(">q", 0))
 PY
 
 rows=()

@@ -32,6 +32,7 @@ mod responses;
 mod routes;
 mod shutdown;
 mod worker;
+pub mod zmtp;
 
 pub use kv_events::KvEventOptions;
 pub use options::{LogFormat, ServeOptions};

@@ -5,7 +5,7 @@
 //! gives another. Computed once at load (each tensor hashed on its own, in parallel, then the
 //! list of their hashes): what a prompt-cache file, and the coming block stores, are keyed by.
 
-use super::gpt2::{Conv1D, LayerNorm, Model};
+use crate::config::Config;
 use crate::kv_cache::KvCache;
 use kvgpt_kernels::PackedMatrix;
 use rayon::prelude::*;
@@ -30,7 +30,7 @@ impl std::fmt::Debug for Fingerprint {
 }
 
 /// One tensor of the model, as the fingerprint reads it.
-enum Part<'a> {
+pub(super) enum Part<'a> {
     Floats(&'a [f32]),
     Matrix(&'a PackedMatrix),
 }
@@ -55,38 +55,20 @@ impl Part<'_> {
     }
 }
 
-fn layer_norm(ln: &LayerNorm) -> [Part<'_>; 2] {
-    [Part::Floats(&ln.weight), Part::Floats(&ln.bias)]
-}
-
-fn conv(c: &Conv1D) -> [Part<'_>; 2] {
-    [Part::Matrix(&c.weight), Part::Floats(&c.bias)]
-}
-
 /// What stored K/V are keyed by: the model's fingerprint and the K/V's layout (`--prompt-cache`
 /// files now, the block stores next). K/V under another key were made by another model, type or
 /// layout, and are never used.
-pub(super) fn of_kv(model: &Model) -> Fingerprint {
+pub(super) fn of_kv(model: Fingerprint) -> Fingerprint {
     let mut h = blake3::Hasher::new();
     h.update(b"kvgpt K/V");
-    h.update(&model.fingerprint.0);
+    h.update(&model.0);
     h.update(KvCache::LAYOUT.as_bytes());
     Fingerprint(*h.finalize().as_bytes())
 }
 
-/// The fingerprint of `model` (see the module's documentation).
-pub(super) fn of(model: &Model) -> Fingerprint {
-    let cfg = &model.config;
-    let mut parts = vec![Part::Matrix(&model.wte), Part::Floats(&model.wpe)];
-    for b in &model.h {
-        parts.extend(layer_norm(&b.ln_1));
-        parts.extend(conv(&b.c_attn));
-        parts.extend(conv(&b.attn_c_proj));
-        parts.extend(layer_norm(&b.ln_2));
-        parts.extend(conv(&b.c_fc));
-        parts.extend(conv(&b.mlp_c_proj));
-    }
-    parts.extend(layer_norm(&model.ln_f));
+/// The fingerprint of a model of `cfg` whose tensors are `parts`, in the model's order (see the
+/// module's documentation).
+pub(super) fn of(cfg: &Config, parts: &[Part]) -> Fingerprint {
     let hashes: Vec<blake3::Hash> = parts.par_iter().map(Part::hash).collect();
     let mut root = blake3::Hasher::new();
     root.update(VERSION);

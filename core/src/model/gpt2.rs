@@ -1,6 +1,6 @@
 //! GPT-2's parts as they are held in memory, and how they are loaded by the tensor-name table.
 
-use super::fingerprint::Fingerprint;
+use super::fingerprint::{self, Fingerprint, Part};
 use crate::config::Config;
 use crate::error::Result;
 use crate::weights::{names, Weights};
@@ -126,7 +126,7 @@ impl Model {
             fingerprint: Fingerprint([0; 32]),
             config,
         };
-        model.fingerprint = super::fingerprint::of(&model);
+        model.fingerprint = fingerprint::of(&model.config, &model.parts());
         Ok(model)
     }
 
@@ -138,7 +138,24 @@ impl Model {
 
     /// What K/V this model computes are stored under: its fingerprint and the K/V's layout.
     pub fn kv_fingerprint(&self) -> Fingerprint {
-        super::fingerprint::of_kv(self)
+        fingerprint::of_kv(self.fingerprint)
+    }
+
+    /// Every tensor, in one fixed order, as the fingerprint reads them.
+    fn parts<'a>(&'a self) -> Vec<Part<'a>> {
+        let ln = |l: &'a LayerNorm| [Part::Floats(&l.weight), Part::Floats(&l.bias)];
+        let conv = |c: &'a Conv1D| [Part::Matrix(&c.weight), Part::Floats(&c.bias)];
+        let mut parts = vec![Part::Matrix(&self.wte), Part::Floats(&self.wpe)];
+        for b in &self.h {
+            parts.extend(ln(&b.ln_1));
+            parts.extend(conv(&b.c_attn));
+            parts.extend(conv(&b.attn_c_proj));
+            parts.extend(ln(&b.ln_2));
+            parts.extend(conv(&b.c_fc));
+            parts.extend(conv(&b.mlp_c_proj));
+        }
+        parts.extend(ln(&self.ln_f));
+        parts
     }
 
     /// The same model running another compiled copy of the kernels (for tests and benchmarks).
