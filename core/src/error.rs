@@ -28,6 +28,12 @@ pub enum Error {
     ExtraBlocks { file: PathBuf, n_layer: usize, blocks: usize },
 
     #[error(
+        "{file}: config.json says n_layer = {n_layer}, but the file holds only {blocks} transformer blocks; set \
+         n_layer to {blocks}, or use the config.json that belongs to these weights"
+    )]
+    TooFewBlocks { file: PathBuf, n_layer: usize, blocks: usize },
+
+    #[error(
         "{file}: tensor `{name}` holds {value} at {index:?}; the weights are damaged (re-download or re-save them)"
     )]
     NonFinite { file: PathBuf, name: String, index: Vec<usize>, value: f32 },

@@ -423,6 +423,16 @@ impl Gguf {
 
     /// Every tensor the config implies is present with its shape, and nothing beyond `n_layer`.
     pub fn check(&self, cfg: &Config) -> Result<()> {
+        let blocks = names::blocks_held(self.tensors.keys().map(String::as_str), "blk.");
+        if cfg.n_layer > blocks {
+            return Err(Error::CorruptGguf {
+                file: self.file.clone(),
+                reason: format!(
+                    "its metadata's block_count is {}, but it holds tensors of only {blocks} blocks",
+                    cfg.n_layer
+                ),
+            });
+        }
         for (name, dims) in names::expected(cfg) {
             let (g, _, _, got) = self.lookup(&name)?;
             let want: Vec<usize> = dims.iter().map(|d| d.1).collect();

@@ -103,5 +103,5 @@ impl Weights {
 
 /// Learned parameters of a model of `cfg`: the tensors it implies, `wte` counted once (it is tied).
 pub fn parameter_count(cfg: &Config) -> usize {
-    expected(cfg).iter().map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum()
+    expected(cfg).map(|(_, dims)| dims.iter().map(|d| d.1).product::<usize>()).sum()
 }

@@ -95,14 +95,18 @@ pub fn block(i: usize, module: &str) -> String {
 
 /// Every tensor (without prefix) a GPT-2 checkpoint of this config must hold, with its shape as
 /// (config key, size) pairs.
-pub fn expected(cfg: &Config) -> Vec<(String, Vec<(&'static str, usize)>)> {
-    let shape = |dims: &[Dim]| dims.iter().map(|d| (d.key(), d.size(cfg))).collect::<Vec<_>>();
-    let mut out: Vec<_> = GLOBAL[..2].iter().map(|t| (t.hf.to_string(), shape(t.dims))).collect();
-    for i in 0..cfg.n_layer {
-        out.extend(BLOCK.iter().map(|t| (block(i, t.hf), shape(t.dims))));
-    }
-    out.extend(GLOBAL[2..].iter().map(|t| (t.hf.to_string(), shape(t.dims))));
-    out
+pub fn expected(cfg: &Config) -> impl Iterator<Item = (String, Vec<(&'static str, usize)>)> + '_ {
+    // An iterator: a config that claims 2^32 layers costs nothing until a file is checked
+    // against it, which stops at the first block it lacks.
+    let shape = move |dims: &[Dim]| dims.iter().map(|d| (d.key(), d.size(cfg))).collect::<Vec<_>>();
+    let global = |range: std::ops::Range<usize>| GLOBAL[range].iter().map(move |t| (t.hf.to_string(), shape(t.dims)));
+    let blocks = (0..cfg.n_layer).flat_map(move |i| BLOCK.iter().map(move |t| (block(i, t.hf), shape(t.dims))));
+    global(0..2).chain(blocks).chain(global(2..GLOBAL.len()))
+}
+
+/// The blocks a file's tensor names hold (`h.{i}.…` or `blk.{i}.…`): the highest index + 1.
+pub fn blocks_held<'a>(names: impl Iterator<Item = &'a str>, prefix: &str) -> usize {
+    names.filter_map(|n| n.strip_prefix(prefix)?.split('.').next()?.parse::<usize>().ok()).max().map_or(0, |b| b + 1)
 }
 
 /// The GGUF name of Hugging Face name `hf`, and whether the GGUF stores it transposed.

@@ -289,6 +289,11 @@ impl Checkpoint {
     /// implies is present with the shape it implies (the error names the config keys and both
     /// shapes) and a dtype kvgpt reads, and the file holds no transformer block beyond `n_layer`.
     pub fn check(&self, cfg: &Config) -> Result<()> {
+        let prefix = format!("{}h.", self.prefix);
+        let blocks = names::blocks_held(self.header.tensors.keys().map(String::as_str), &prefix);
+        if cfg.n_layer > blocks {
+            return Err(Error::TooFewBlocks { file: self.file.clone(), n_layer: cfg.n_layer, blocks });
+        }
         for (name, dims) in names::expected(cfg) {
             let (full, t) = self.info(&name)?;
             let want: Vec<usize> = dims.iter().map(|d| d.1).collect();
@@ -306,14 +311,8 @@ impl Checkpoint {
                 return Err(Error::WrongDtype { name: full, file: self.file.clone(), got: d.into() });
             }
         }
-        let blocks = self
-            .header
-            .tensors
-            .keys()
-            .filter_map(|n| n.strip_prefix(self.prefix)?.strip_prefix("h.")?.split('.').next()?.parse::<usize>().ok())
-            .max();
-        if let Some(last) = blocks.filter(|&b| b >= cfg.n_layer) {
-            return Err(Error::ExtraBlocks { file: self.file.clone(), n_layer: cfg.n_layer, blocks: last + 1 });
+        if blocks > cfg.n_layer {
+            return Err(Error::ExtraBlocks { file: self.file.clone(), n_layer: cfg.n_layer, blocks });
         }
         Ok(())
     }
