@@ -10,7 +10,7 @@
 
 mod facts;
 pub use super::gguf_header::Value;
-use super::gguf_header::{describe, ggml_type_name, Bad, Cursor};
+use super::gguf_header::{describe, Bad, Header, Kind, TensorInfo, HEADER_READ, MAGIC};
 use super::names;
 use super::read::read_at;
 use crate::config::Config;
@@ -22,75 +22,23 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-const MAGIC: &[u8; 4] = b"GGUF";
-/// At most this many tensors or metadata keys: a corrupt count asks for no absurd allocation.
-const MAX_TENSORS: u64 = 1 << 16;
+/// config.json's keys and the metadata keys that hold them.
+const CONFIG_KEYS: [(&str, &str); 9] = [
+    ("n_layer", "gpt2.block_count"),
+    ("n_embd", "gpt2.embedding_length"),
+    ("n_head", "gpt2.attention.head_count"),
+    ("n_inner", "gpt2.feed_forward_length"),
+    ("n_positions", "gpt2.context_length"),
+    ("vocab_size", "tokenizer.ggml.tokens"),
+    ("layer_norm_epsilon", "gpt2.attention.layer_norm_epsilon"),
+    ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+    ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+];
 
 /// Whether `path` starts like a GGUF file.
 pub fn is_gguf(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     File::open(path).and_then(|f| read_at(&f, &mut magic, 0)).is_ok() && &magic == MAGIC
-}
-
-/// A tensor's type: a float type, or one of llama.cpp's block types.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    F32,
-    F16,
-    Bf16,
-    Blocks(WeightType),
-}
-
-impl Kind {
-    fn of(t: u32) -> Option<Kind> {
-        Some(match t {
-            0 => Kind::F32,
-            1 => Kind::F16,
-            2 => Kind::Blocks(WeightType::Q4_0),
-            3 => Kind::Blocks(WeightType::Q4_1),
-            6 => Kind::Blocks(WeightType::Q5_0),
-            7 => Kind::Blocks(WeightType::Q5_1),
-            8 => Kind::Blocks(WeightType::Q8_0),
-            12 => Kind::Blocks(WeightType::Q4K),
-            13 => Kind::Blocks(WeightType::Q5K),
-            14 => Kind::Blocks(WeightType::Q6K),
-            30 => Kind::Bf16,
-            _ => return None,
-        })
-    }
-
-    /// Bytes of `n` elements (None unless they are whole blocks).
-    fn bytes(self, n: usize) -> Option<usize> {
-        match self {
-            Kind::F32 => n.checked_mul(4),
-            Kind::F16 | Kind::Bf16 => n.checked_mul(2),
-            Kind::Blocks(ty) => {
-                let (elems, size) = ty.ggml_block().expect("a block type");
-                n.is_multiple_of(elems).then(|| (n / elems).checked_mul(size)).flatten()
-            }
-        }
-    }
-
-    /// The type kvgpt holds it as when it keeps the file's weights.
-    fn held(self) -> WeightType {
-        match self {
-            Kind::F32 => WeightType::F32,
-            Kind::F16 => WeightType::F16,
-            Kind::Bf16 => WeightType::Bf16,
-            Kind::Blocks(ty) => ty,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.held().name()
-    }
-}
-
-struct TensorInfo {
-    /// ggml order: `dims[0]` varies fastest.
-    dims: Vec<usize>,
-    kind: Kind,
-    offset: u64,
 }
 
 /// An open GGUF file: its metadata and where its tensors are.
@@ -109,85 +57,30 @@ impl Gguf {
     pub fn open(path: &Path) -> Result<Gguf> {
         let f = File::open(path).map_err(|e| Error::io(path, e))?;
         let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
-        let corrupt = |reason: String| Error::CorruptGguf { file: path.into(), reason };
-        // The header is the tokenizer's metadata and the tensor list: read up to 16 MiB.
-        let mut head = vec![0u8; len.min(16 << 20) as usize];
+        let mut head = vec![0u8; len.min(HEADER_READ) as usize];
         read_at(&f, &mut head, 0).map_err(|e| Error::io(path, e))?;
-        let mut c = Cursor { b: &head, at: 0 };
-        let unsupported = |reason: String| Error::UnsupportedGguf { file: path.into(), reason };
-        let mut found_version = 0;
-        let mut parse = |c: &mut Cursor| -> std::result::Result<_, Bad> {
-            if c.take(4)? != MAGIC {
-                return Err("it does not start with GGUF".to_string().into());
-            }
-            let version = c.u32()?;
-            if !(2..=3).contains(&version) {
-                return Err(Bad::Unsupported(format!("it is GGUF version {version}; kvgpt reads versions 2 and 3")));
-            }
-            found_version = version;
-            let (n_tensors, n_kv) = (c.u64()?, c.u64()?);
-            if n_tensors > MAX_TENSORS || n_kv > MAX_TENSORS {
-                return Err(format!("{n_tensors} tensors and {n_kv} metadata keys").into());
-            }
-            let mut meta = BTreeMap::new();
-            for _ in 0..n_kv {
-                let key = c.string()?;
-                let t = c.u32()?;
-                meta.insert(key, c.value(t, 0)?);
-            }
-            let mut tensors = BTreeMap::new();
-            for _ in 0..n_tensors {
-                let name = c.string()?;
-                let nd = c.u32()?;
-                if nd > 4 {
-                    return Err(format!("tensor `{name}` has {nd} dimensions").into());
-                }
-                let dims = (0..nd).map(|_| c.u64().map(|d| d as usize)).collect::<std::result::Result<Vec<_>, _>>()?;
-                let t = c.u32()?;
-                let kind = Kind::of(t).ok_or_else(|| {
-                    Bad::Unsupported(format!(
-                        "tensor `{name}` is {}, which kvgpt does not read; it reads F32, F16, BF16, Q8_0, Q4_0, \
-                         Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (llama-quantize writes them)",
-                        ggml_type_name(t)
-                    ))
-                })?;
-                let offset = c.u64()?;
-                tensors.insert(name, TensorInfo { dims, kind, offset });
-            }
-            Ok((meta, tensors))
-        };
-        let (meta, tensors) = parse(&mut c).map_err(|e| match e {
-            Bad::Corrupt(r) => corrupt(r),
-            Bad::Unsupported(r) => unsupported(r),
+        let h = Header::parse(&head, len).map_err(|e| match e {
+            Bad::Corrupt(reason) => Error::CorruptGguf { file: path.into(), reason },
+            Bad::Unsupported(reason) => Error::UnsupportedGguf { file: path.into(), reason },
         })?;
-        let align = match meta.get("general.alignment") {
-            Some(Value::Int(a)) if *a > 0 && *a <= 1 << 16 => *a as u64,
-            None => 32,
-            Some(v) => return Err(corrupt(format!("general.alignment is {}", describe(Some(v))))),
-        };
-        let data_start = (c.at as u64).div_ceil(align) * align;
-        for (name, t) in &tensors {
-            let n = t.dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            let end =
-                n.and_then(|n| t.kind.bytes(n)).and_then(|b| data_start.checked_add(t.offset)?.checked_add(b as u64));
-            if end.is_none_or(|e| e > len) {
-                return Err(corrupt(format!("tensor `{name}` lies beyond the end of the file")));
-            }
-            if t.kind.bytes(t.dims.first().copied().unwrap_or(1)).is_none() {
-                return Err(corrupt(format!(
-                    "tensor `{name}` is {} with rows of {} elements, not whole blocks",
-                    t.kind.name(),
-                    t.dims[0]
-                )));
-            }
-        }
-        Ok(Gguf { file: path.into(), version: found_version, file_bytes: len, f, meta, tensors, data_start })
+        let (version, meta, tensors, data_start) = (h.version, h.meta, h.tensors, h.data_start);
+        Ok(Gguf { file: path.into(), version, file_bytes: len, f, meta, tensors, data_start })
     }
 
     fn int(&self, key: &str) -> Result<usize> {
         match self.meta.get(key) {
             Some(Value::Int(v)) if *v >= 0 && *v <= u32::MAX as i128 => Ok(*v as usize),
             other => Err(self.bad(format!("{key} is {}, not a count", describe(other)))),
+        }
+    }
+
+    /// A token id the metadata may leave out (GPT-2's 50256 then); one it gives must be one
+    /// (the config checks it is inside the vocabulary).
+    fn token_id(&self, key: &str) -> Result<usize> {
+        match self.meta.get(key) {
+            None => Ok(50256),
+            Some(Value::Int(v)) if (0..=u32::MAX as i128).contains(v) => Ok(*v as usize),
+            other => Err(self.bad(format!("{key} is {}; it must be a token id", describe(other)))),
         }
     }
 
@@ -222,25 +115,27 @@ impl Gguf {
             }
             _ => return Err(self.bad("general.architecture is missing or not a string; kvgpt runs gpt2".into())),
         }
-        let eps = match self.meta.get("gpt2.attention.layer_norm_epsilon") {
-            Some(Value::Float(e)) => *e,
-            other => {
-                return Err(self.bad(format!("gpt2.attention.layer_norm_epsilon is {}, not a number", describe(other))))
+        let mut json = serde_json::json!({ "model_type": "gpt2" });
+        for (cfg_key, key) in CONFIG_KEYS {
+            json[cfg_key] = match key {
+                "tokenizer.ggml.tokens" => self.strings(key)?.len().into(),
+                "gpt2.attention.layer_norm_epsilon" => match self.meta.get(key) {
+                    // JSON has no NaN or infinity: the config would take them for a missing key.
+                    Some(Value::Float(e)) if e.is_finite() => (*e).into(),
+                    other => return Err(self.bad(format!("{key} is {}, not a finite number", describe(other)))),
+                },
+                "tokenizer.ggml.bos_token_id" | "tokenizer.ggml.eos_token_id" => self.token_id(key)?.into(),
+                _ => self.int(key)?.into(),
+            };
+        }
+        // The config checks the values; its errors name the keys as they are in this file.
+        Config::from_json(&json, &self.file).map_err(|e| match e {
+            Error::UnsupportedConfig { file, key, value, why } => {
+                let key = CONFIG_KEYS.iter().find(|(c, _)| *c == key).map_or(key, |(_, g)| g.to_string());
+                Error::UnsupportedConfig { file, key, value, why }
             }
-        };
-        let json = serde_json::json!({
-            "model_type": "gpt2",
-            "n_layer": self.int("gpt2.block_count")?,
-            "n_embd": self.int("gpt2.embedding_length")?,
-            "n_head": self.int("gpt2.attention.head_count")?,
-            "n_inner": self.int("gpt2.feed_forward_length")?,
-            "n_positions": self.int("gpt2.context_length")?,
-            "vocab_size": self.strings("tokenizer.ggml.tokens")?.len(),
-            "layer_norm_epsilon": eps,
-            "bos_token_id": self.int("tokenizer.ggml.bos_token_id").unwrap_or(50256),
-            "eos_token_id": self.int("tokenizer.ggml.eos_token_id").unwrap_or(50256),
-        });
-        Config::from_json(&json, &self.file)
+            e => e,
+        })
     }
 
     /// The tokenizer's vocabulary and merges as a tokenizer.json document (GPT-2's byte-level
@@ -258,7 +153,7 @@ impl Gguf {
         let merges = self.strings("tokenizer.ggml.merges")?;
         let vocab: serde_json::Map<String, serde_json::Value> =
             tokens.iter().enumerate().map(|(i, t)| (t.to_string(), serde_json::Value::from(i))).collect();
-        let eos = self.int("tokenizer.ggml.eos_token_id").unwrap_or(50256);
+        let eos = self.token_id("tokenizer.ggml.eos_token_id")?;
         let special: Vec<serde_json::Value> = tokens
             .iter()
             .enumerate()
