@@ -18,7 +18,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub offline: bool,
     /// Worker threads for the kernels (default: one per core); bench takes a comma-separated list.
-    #[arg(long, short = 't', value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=1024))]
+    #[arg(long, short = 't', value_delimiter = ',', value_parser = clap::value_parser!(u16))]
     pub threads: Vec<u16>,
     /// How the weight matrices are held (default: as the file stores them; f32 from safetensors).
     /// f32, f16 or bf16: float storage, f32 arithmetic. q8: int8 with an f32 scale per row and
@@ -115,11 +115,7 @@ impl ModelArgs {
 
 /// Runs `f` inside a rayon pool of `threads` (None: one per core); no global state is changed.
 pub fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = threads {
-        b = b.num_threads(n);
-    }
-    b.build().context("could not start the worker threads")?.install(f)
+    kvgpt_core::threads::pool(threads, "kvgpt-kernel")?.install(f)
 }
 
 /// Runs `f` inside a rayon pool of the requested size.

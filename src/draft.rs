@@ -3,8 +3,10 @@
 use crate::common::{Dtype, ModelArgs};
 use anyhow::Result;
 use clap::Args;
+use kvgpt_core::files::Inputs;
 use kvgpt_core::speculative::{DraftKind, DraftSpec, Drafting};
-use kvgpt_core::Loaded;
+use kvgpt_core::{Loaded, ModelFiles};
+use std::path::Path;
 
 #[derive(Args, Clone)]
 pub struct DraftArgs {
@@ -44,9 +46,31 @@ impl DraftArgs {
         Ok(Some(DraftSpec { kind, max_k: self.draft_max as usize, min_k: self.draft_min as usize }))
     }
 
+    /// The files of the --draft-model, if one is named (located as `m`'s flags locate the model).
+    pub fn model_files(&self, m: &ModelArgs) -> Result<Option<ModelFiles>> {
+        let Some(name) = &self.draft_model else { return Ok(None) };
+        let spec = kvgpt_core::LoadSpec { model: name.clone(), ..m.spec()? };
+        Ok(Some(spec.locate()?))
+    }
+
     /// The draft these flags ask for, if any, loaded for the model `loaded` (read with `m`'s flags).
     pub fn load(&self, m: &ModelArgs, loaded: &Loaded) -> Result<Option<Drafting>> {
         let Some(spec) = self.spec()? else { return Ok(None) };
         Ok(Some(spec.load(&m.spec()?, loaded)?))
     }
+}
+
+/// The files a run reads: the model's `files`, the --draft-model's (if `draft` names one) and
+/// `others` (each with what it is). No output may be written onto one of them.
+pub fn inputs(
+    m: &ModelArgs,
+    files: &ModelFiles,
+    draft: Option<&DraftArgs>,
+    others: &[(&Path, &str)],
+) -> Result<Inputs> {
+    let mut inputs = Inputs::of_model(files);
+    if let Some(draft) = draft.map(|d| d.model_files(m)).transpose()?.flatten() {
+        inputs = inputs.with_model(&draft, "the draft model's");
+    }
+    Ok(others.iter().fold(inputs, |i, (path, what)| i.with(path, what)))
 }

@@ -2,8 +2,9 @@
 
 use crate::common::ModelArgs;
 use crate::draft::DraftArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
+use kvgpt_core::files;
 use kvgpt_serve::{KvEventOptions, LogFormat, ServeOptions};
 use std::time::Duration;
 
@@ -60,9 +61,11 @@ pub struct ServeArgs {
     /// then their connections are closed and their sequences cancelled.
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     pub shutdown_timeout: u64,
-    /// Answer requests whose `Host` (and `Origin`) names this host too (repeatable; `*`: any).
-    /// On loopback the server answers only localhost, 127.0.0.1 and [::1], a guard against DNS
-    /// rebinding; on other addresses it checks only when this is given.
+    /// Answer requests whose `Host` (and `Origin`) names this host too, on any port: a name or IP
+    /// address, `*.NAME` for every name under NAME, `*` for any (repeatable, or comma-separated).
+    /// A port, a URL or a path is refused. On loopback the server answers only localhost,
+    /// 127.0.0.1 and [::1], a guard against DNS rebinding; on other addresses it checks only when
+    /// this is given.
     #[arg(long, value_name = "NAME")]
     pub allowed_host: Vec<String>,
     /// Log lines as text or as one JSON object per line (each request gets one line).
@@ -131,14 +134,12 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
     })
 }
 
-/// The API key, from the flag, `KVGPT_API_KEY` or the first line of --api-key-file.
+/// The API key, from the flag, `KVGPT_API_KEY` or the first line of --api-key-file (a regular
+/// file or a pipe such as `<(pass show key)`, of at most 4 KiB); the server's options check it.
 fn api_key(a: &ServeArgs) -> Result<Option<String>> {
     let Some(file) = &a.api_key_file else { return Ok(a.api_key.clone()) };
+    let bytes = files::read(file, "an API key file", 4096, files::Kinds::RegularOrPipe)?;
     let text =
-        std::fs::read_to_string(file).with_context(|| format!("could not read the API key file {}", file.display()))?;
-    let key = text.lines().next().unwrap_or("").trim();
-    if key.is_empty() {
-        anyhow::bail!("the API key file {} is empty; put the key on its first line", file.display());
-    }
-    Ok(Some(key.to_string()))
+        String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{}: the API key file is not text", file.display()))?;
+    Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
 }

@@ -393,7 +393,7 @@ fn a_history_that_cannot_be_kept_is_said_and_the_chat_goes_on() {
     let config = fixture_dir().join("config.json");
     let before = std::fs::read(&config).unwrap();
     s.send(&format!("/save {}\r", config.display()));
-    s.wait_for("is one of this command's inputs");
+    s.wait_for("is the model's config");
     s.wait_for("> ");
     s.send("/stats\r");
     s.wait_for("positions left)");

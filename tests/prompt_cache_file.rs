@@ -114,7 +114,7 @@ fn bad_prompt_cache_files_are_refused() {
     let weights_path = fixture_dir().join("model.safetensors");
     let before = std::fs::metadata(&weights_path).unwrap().len();
     let e = gen(weights_path.to_str().unwrap(), &[]);
-    assert!(e.contains("is one of this command's inputs"), "{e}");
+    assert!(e.contains("is the model's weights") && e.contains("which this run reads"), "{e}");
     assert_eq!(std::fs::metadata(&weights_path).unwrap().len(), before);
     let missing = dir.path().join("no/such/dir/p.kvc");
     let e = gen(missing.to_str().unwrap(), &[]);

@@ -84,7 +84,7 @@ fn an_output_that_is_an_input_is_refused_and_the_input_kept() {
     for (args, victim) in cases {
         let before = bytes(&victim);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        fails_with(&kvgpt(&args), 1, &["is one of this command's inputs", "choose another output file"]);
+        fails_with(&kvgpt(&args), 1, &["which this run reads; choose another output file"]);
         assert_eq!(bytes(&victim), before, "{args:?} changed {}", victim.display());
     }
     // The symlinks are still symlinks (nothing was renamed over them).
@@ -356,10 +356,10 @@ fn messages_name_the_real_problem() {
     let tmp = std::env::temp_dir();
     let t = tmp.to_str().unwrap();
     fails_with(&kvgpt(&["verify", "reference", "x", "--model", &m, "--logits", t]), 1, &["is a directory"]);
-    // An I/O error is said once (the chain does not repeat it).
+    // A folder as a prompt cache file is said once (the chain does not repeat it).
     let out = kvgpt(&["generate", "x", "--model", &m, "--prompt-cache", t]);
-    fails_with(&out, 1, &["Is a directory"]);
-    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("Is a directory").count(), 1);
+    fails_with(&out, 1, &["a prompt cache file must be a regular file, and this is a folder"]);
+    assert_eq!(String::from_utf8_lossy(&out.stderr).matches("a folder").count(), 1);
 }
 
 // ---- Found by fuzzing (scripts/fuzz/fuzz.sh, target `tokenizer`): the tokenizers library panicked

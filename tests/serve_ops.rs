@@ -13,12 +13,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-fn connect(base: &str) -> TcpStream {
-    let c = TcpStream::connect(base.trim_start_matches("http://")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    c
-}
-
 /// Whether the server closed `c`: false if it was still open when the read timed out.
 fn closed_by_server(c: &mut TcpStream) -> bool {
     let mut buf = [0u8; 1024];
@@ -32,17 +26,6 @@ fn closed_by_server(c: &mut TcpStream) -> bool {
             Err(_) => return true, // reset
         }
     }
-}
-
-/// A raw request: (status, body as JSON).
-fn raw(base: &str, head: &str, body: &str) -> (u16, Value) {
-    let mut c = connect(base);
-    write!(c, "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut resp = String::new();
-    c.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let json = resp.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
-    (status, json)
 }
 
 /// Half a request's headers are cut off after --header-timeout; a body that stops coming gets

@@ -21,27 +21,6 @@ pub struct ModelFiles {
     pub tokenizer: TokenizerFiles,
 }
 
-impl ModelFiles {
-    /// Refuses `out` as an output file if it is one of these files, or `other` (another input of
-    /// the command): writing there would overwrite what is being read.
-    pub fn refuse_as_output(&self, out: &Path, other: Option<&Path>) -> Result<()> {
-        // A new file cannot be an input; an existing one (or a symlink to one, as in an HF cache
-        // snapshot) is compared by the file it resolves to.
-        let Ok(target) = out.canonicalize() else { return Ok(()) };
-        let mut inputs = vec![self.config.clone(), self.weights.clone()];
-        inputs.extend(self.tokenizer.paths());
-        inputs.extend(other.map(Path::to_path_buf));
-        match inputs.iter().find(|input| input.canonicalize().is_ok_and(|p| p == target)) {
-            Some(input) => Err(Error::Invalid(format!(
-                "{} is one of this command's inputs ({}); choose another output file",
-                out.display(),
-                input.display()
-            ))),
-            None => Ok(()),
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub enum TokenizerFiles {
     Json(PathBuf),

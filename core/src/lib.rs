@@ -43,6 +43,7 @@
 // Loading: where a model comes from and what it is.
 pub mod config;
 pub mod error;
+pub mod files;
 pub mod hub;
 pub mod load;
 pub mod tokenizer;
@@ -52,6 +53,7 @@ pub mod weights;
 pub mod kv_cache;
 pub mod model;
 pub mod tap;
+pub mod threads;
 pub mod work;
 
 // Choosing tokens.

@@ -72,9 +72,18 @@ fn corrupt(path: &Path, why: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("{}: not a usable prompt cache file ({why}); delete it to start a new one", path.display()))
 }
 
-/// Reads and checks a prompt cache file against `model`.
+/// The most bytes a prompt cache file of `model` can take: a full context's ids and K/V, and a
+/// header of at most 64 KiB.
+pub fn max_bytes(model: &Model) -> u64 {
+    let c = &model.config;
+    let per_position = 4 + 4 * 2 * c.n_layer * c.n_embd;
+    (12 + (64 << 10) + c.n_positions * per_position + 8) as u64
+}
+
+/// Reads and checks a prompt cache file against `model`: a regular file no larger than
+/// [`max_bytes`].
 pub fn load(path: &Path, model: &Model) -> Result<SavedPrompt> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::files::read(path, "a prompt cache file", max_bytes(model), crate::files::Kinds::RegularOnly)?;
     parse(&bytes, model, path)
 }
 

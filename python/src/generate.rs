@@ -2,7 +2,7 @@
 //! text (`kvgpt_core::stop::TextStream`), so the same settings give the same bits as the CLI. Both
 //! take the same keywords, parsed once ([`Model::ask`]).
 
-use crate::errors::py_err;
+use crate::errors::{arg, py_err};
 use crate::model::{ids_of, Engine, Model};
 use kvgpt_core::stop::TextStream;
 use kvgpt_core::{GenerateOptions, Generation, Sampling, Sequence, Step};
@@ -117,10 +117,7 @@ const KEYWORDS: [&str; 10] = [
 /// `kw[key]` (None or missing: `default`), as `T`; a wrong type names the keyword.
 fn kw<'py, T: FromPyObjectOwned<'py>>(kw: Option<&Bound<'py, PyDict>>, key: &str, default: T) -> PyResult<T> {
     match kw.map(|d| d.get_item(key)).transpose()?.flatten() {
-        Some(v) if !v.is_none() => v.extract::<T>().map_err(|e| {
-            let e: PyErr = e.into();
-            PyTypeError::new_err(format!("{key}: {e}"))
-        }),
+        Some(v) if !v.is_none() => arg(&v, key),
         _ => Ok(default),
     }
 }

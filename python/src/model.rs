@@ -1,10 +1,10 @@
 //! `kvgpt.load` and the `Model` it returns: tokens in and out, and the loss of a text.
 
-use crate::errors::py_err;
+use crate::errors::{arg, py_err};
 use kvgpt_core::engine::{self, EngineConfig, NoMonitor};
 use kvgpt_core::openai::Served;
 use kvgpt_core::{KvCache, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -66,11 +66,7 @@ impl Engine {
             return Ok(s); // another thread started it meanwhile
         }
         let threads = self.pool.current_num_threads();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kvgpt-serving-{i}"))
-            .build()
-            .map_err(|e| PyRuntimeError::new_err(format!("could not start {threads} threads: {e}")))?;
+        let pool = kvgpt_core::threads::pool(Some(threads), "kvgpt-serving").map_err(py_err)?;
         let cfg = EngineConfig {
             parallel: PARALLEL,
             batch_tokens: 256,
@@ -128,13 +124,30 @@ pub(crate) fn ids_of(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>>
     if input.is_instance_of::<pyo3::types::PyBytes>() || input.is_instance_of::<pyo3::types::PyByteArray>() {
         return Err(PyTypeError::new_err("expected a str or a list of token ids, got bytes: decode it to a str first"));
     }
-    match input.extract::<Vec<u32>>() {
+    match token_ids(e, input) {
         Ok(ids) if !ids.is_empty() => Ok(ids),
         Ok(_) => Err(PyValueError::new_err("the token ids are empty: give at least one")),
+        Err(e) if e.is_instance_of::<PyValueError>(input.py()) => Err(e),
         Err(_) => Err(PyTypeError::new_err(format!(
             "expected a str or a list of token ids, got {}",
             input.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "an object".into())
         ))),
+    }
+}
+
+/// A list of token ids: an int that cannot be an id (negative, or past u32) is a `ValueError`
+/// as one past the vocabulary is; what is not a list of ints a `TypeError`.
+fn token_ids(e: &Engine, input: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    let vocab = e.model().config.vocab_size;
+    let ids = input.extract::<Vec<u32>>().map_err(|err| match err.is_instance_of::<PyOverflowError>(input.py()) {
+        true => {
+            PyValueError::new_err(format!("{input} holds an int that is no token id: ids go from 0 to {}", vocab - 1))
+        }
+        false => PyTypeError::new_err(format!("expected a list of token ids: {err}")),
+    })?;
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(&id) => Err(py_err(kvgpt_core::Error::BadTokenId { id, vocab })),
+        None => Ok(ids),
     }
 }
 
@@ -159,18 +172,12 @@ pub fn load(
     py: Python<'_>,
     model: &str,
     dtype: Option<&str>,
-    threads: Option<usize>,
+    threads: Option<Bound<'_, PyAny>>,
     offline: bool,
 ) -> PyResult<Model> {
     let dtype = dtype.map(weight_type).transpose()?;
-    if threads == Some(0) {
-        return Err(PyValueError::new_err("threads must be at least 1 (None: one per core)"));
-    }
-    let mut b = rayon::ThreadPoolBuilder::new();
-    if let Some(n) = threads {
-        b = b.num_threads(n);
-    }
-    let pool = b.build().map_err(|e| PyValueError::new_err(format!("could not start {threads:?} threads: {e}")))?;
+    let threads: Option<usize> = threads.map(|t| arg(&t, "threads")).transpose()?;
+    let pool = kvgpt_core::threads::pool(threads, "kvgpt-kernel").map_err(py_err)?;
     let spec = LoadSpec { model: model.to_string(), offline, dtype, isa: None };
     let loaded = py
         .detach(|| {
@@ -193,11 +200,8 @@ impl Model {
     }
 
     /// Text of token ids (bytes that are not whole characters become U+FFFD).
-    fn detokenize(&self, py: Python<'_>, ids: Vec<u32>) -> PyResult<String> {
-        let vocab = self.e.model().config.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(py_err(kvgpt_core::Error::BadTokenId { id, vocab }));
-        }
+    fn detokenize(&self, py: Python<'_>, ids: &Bound<'_, PyAny>) -> PyResult<String> {
+        let ids = token_ids(&self.e, ids)?;
         Ok(py.detach(|| self.e.tokenizer.decode(&ids)))
     }
 

@@ -1,7 +1,9 @@
 //! `Model.attention_view`: kvgpt's self-contained attention viewer (the page `kvgpt inspect
 //! attention --html` writes) for a text, every layer and head, shown inline by Jupyter.
 
+use crate::errors::py_err;
 use crate::model::{ids_of, Model};
+use kvgpt_core::files::Inputs;
 use kvgpt_core::{Point, Recorder};
 use kvgpt_views::render::attention_html::{html, Viewer};
 use pyo3::prelude::*;
@@ -13,6 +15,8 @@ use pyo3::prelude::*;
 pub struct AttentionView {
     #[pyo3(get)]
     html: String,
+    /// The model's files: `save` never writes onto one.
+    inputs: Inputs,
 }
 
 #[pymethods]
@@ -26,10 +30,11 @@ impl AttentionView {
         )
     }
 
-    /// Writes the page to `path` (it opens in any browser, with no network).
+    /// Writes the page to `path` (it opens in any browser, with no network), as the CLI writes
+    /// its pages: never onto one of the model's files, and atomically.
     fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
-        std::fs::write(&path, &self.html)
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("could not write {}: {e}", path.display())))
+        self.inputs.refuse_as_output(&path).map_err(py_err)?;
+        kvgpt_core::export::write_atomic(&path, self.html.as_bytes()).map_err(py_err)
     }
 }
 
@@ -62,6 +67,6 @@ impl Model {
                 query: None,
             })
         });
-        Ok(AttentionView { html: page })
+        Ok(AttentionView { html: page, inputs: Inputs::of_model(&self.e.files) })
     }
 }

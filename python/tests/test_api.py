@@ -52,6 +52,39 @@ def test_bad_input_raises_clear_exceptions(model, tmp_path):
     assert model.tokenize("The cat sat on") == [464, 3797, 3332, 319]
 
 
+def test_own_files_and_numbers_follow_the_clis_rules(model, tmp_path):
+    """Issue #33: a page is never saved onto a file the model was read from (on e3c743f
+    `save(model_dir + "/config.json")` overwrote it); threads are capped as the CLI caps them
+    (`threads=5000` started threads until the system refused); an int out of range is a
+    ValueError, as README says of a bad argument (it was a TypeError)."""
+    import shutil
+    copy = tmp_path / "model"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-gpt2", copy)
+    view = kvgpt.load(str(copy), threads=1).attention_view("The cat")
+    for name in ["config.json", "model.safetensors", "tokenizer.json"]:
+        before = (copy / name).read_bytes()
+        with pytest.raises(ValueError, match=f"is the model's .*, which this run reads; choose another output file"):
+            view.save(str(copy / name))
+        assert (copy / name).read_bytes() == before, name
+    view.save(str(tmp_path / "page.html"))
+    assert (tmp_path / "page.html").read_text() == view.html
+    for threads in [0, 1025, 5000]:
+        with pytest.raises(ValueError, match=f"{threads} threads: ask for 1 to 1024"):
+            kvgpt.load(str(copy), threads=threads)
+    for threads in [-1, 2**70]:
+        with pytest.raises(ValueError, match="threads: .* is out of range"):
+            kvgpt.load(str(copy), threads=threads)
+    for key, value in [("max_tokens", 2**70), ("seed", -1), ("top_k", 2**64)]:
+        with pytest.raises(ValueError, match=f"{key}: {value} is out of range"):
+            model.generate("x", **{key: value})
+    with pytest.raises(TypeError, match="max_tokens"):
+        model.generate("x", max_tokens=1.5)
+    with pytest.raises(ValueError, match="ids go from 0 to 50256"):
+        model.generate([464, 2**40])
+    with pytest.raises(ValueError, match="ids go from 0 to 50256"):
+        model.detokenize([-1])
+
+
 def test_openai_shaped_answers(model, reference):
     doc, _ = reference
     p = doc["prompts"][0]

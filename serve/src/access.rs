@@ -91,6 +91,23 @@ fn refusal(app: &Shared, req: &HttpRequest) -> Option<ApiError> {
     })
 }
 
+/// The one rule for an API key, from --api-key, `KVGPT_API_KEY` or --api-key-file alike: clients
+/// send it in an HTTP header after `Bearer `, so a key that is empty, holds a space or a
+/// character outside printable ASCII could never match, and is refused before the server starts.
+pub fn check_api_key(key: &str) -> Result<(), String> {
+    let from = "the API key (--api-key, KVGPT_API_KEY or the first line of --api-key-file)";
+    let why = match key.chars().find(|c| !c.is_ascii_graphic()) {
+        _ if key.is_empty() => "is empty".to_string(),
+        Some(c) if c.is_whitespace() => "holds white space".to_string(),
+        Some(c) => format!("holds {c:?}, which is not printable ASCII"),
+        None => return Ok(()),
+    };
+    Err(format!(
+        "{from} {why}: a client sends the key in an HTTP header, where such a key can never match; \
+         use printable ASCII without spaces, or give no key to serve without one"
+    ))
+}
+
 /// Compares keys in time that depends only on their lengths, not on where they first differ.
 fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

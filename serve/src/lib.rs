@@ -79,7 +79,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: o.api_key.clone(),
-        hosts: hosts::Hosts::new(&o.host, &o.allowed_hosts),
+        hosts: hosts::Hosts::new(&o.host, &o.allowed_hosts).map_err(anyhow::Error::msg)?,
         max_body: o.max_body_bytes,
         body_timeout: o.body_timeout,
         metrics,
@@ -142,11 +142,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
 /// Loads the model and the draft on the engine's own threads (and times what drafting costs
 /// there): the model, the draft, and the pool.
 async fn load(o: &ServeOptions) -> Result<(Loaded, Option<Drafting>, rayon::ThreadPool)> {
-    let mut pool = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kvgpt-kernel-{i}"));
-    if let Some(n) = o.threads {
-        pool = pool.num_threads(n);
-    }
-    let pool = pool.build().context("could not start the worker threads")?;
+    let pool = kvgpt_core::threads::pool(o.threads, "kvgpt-kernel")?;
     let (spec, draft) = (o.load.clone(), o.draft.clone());
     tokio::task::spawn_blocking(move || -> Result<_> {
         let (loaded, drafting) = pool.install(|| -> Result<_> {

@@ -48,6 +48,10 @@ impl ServeOptions {
     /// Refuses options the server cannot run with (the command line's own ranges keep them out;
     /// a library caller is told here).
     pub fn check(&self) -> Result<()> {
+        if let Some(key) = &self.api_key {
+            crate::access::check_api_key(key).map_err(anyhow::Error::msg)?;
+        }
+        crate::hosts::Hosts::new(&self.host, &self.allowed_hosts).map_err(anyhow::Error::msg)?;
         if self.parallel == 0 || self.batch_tokens == 0 {
             bail!("the server needs at least one slot (--parallel) and one row per step (--batch-tokens)");
         }

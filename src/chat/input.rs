@@ -3,9 +3,13 @@
 //! session.
 
 use anyhow::{Context, Result};
+use kvgpt_core::files::{self, Inputs};
 use rustyline::error::ReadlineError;
 use rustyline::{Cmd, ConditionalEventHandler, Event, EventContext, EventHandler, KeyEvent, Movement, RepeatCount};
 use std::path::{Path, PathBuf};
+
+/// The largest history file read: rustyline keeps the last 100 entries.
+const HISTORY_MAX: u64 = 16 << 20;
 
 /// What reading a line gave.
 pub enum Line {
@@ -42,11 +46,12 @@ pub fn default_history() -> Option<PathBuf> {
 
 impl Input {
     /// An editor with the history of `history` (a missing file starts one); a history that
-    /// cannot be read is said, and the session goes on without one.
-    pub fn open(history: Option<PathBuf>) -> Result<Input> {
+    /// cannot be read, or that is one of the files the run reads (`inputs`), is said, and the
+    /// session goes on without one.
+    pub fn open(history: Option<PathBuf>, inputs: &Inputs) -> Result<Input> {
         let mut editor = rustyline::DefaultEditor::new().context("could not set up the line editor")?;
         editor.bind_sequence(KeyEvent::ctrl('C'), EventHandler::Conditional(Box::new(ClearOrInterrupt)));
-        let history = history.filter(|path| match load(&mut editor, path) {
+        let history = history.filter(|path| match load(&mut editor, path, inputs) {
             Ok(()) => true,
             Err(e) => {
                 errln!("warning: {e:#}; this session keeps no history (--no-history says so quietly)");
@@ -54,6 +59,11 @@ impl Input {
             }
         });
         Ok(Input { editor, history })
+    }
+
+    /// The file the history is kept in, if any.
+    pub fn history(&self) -> Option<&Path> {
+        self.history.as_deref()
     }
 
     /// Reads one input: a line, or several joined where a line ends with `\` (the backslash
@@ -110,11 +120,16 @@ impl Input {
 }
 
 /// Reads the history file at `path` into the editor, making its folder first; a missing file is
-/// an empty history.
-fn load(editor: &mut rustyline::DefaultEditor, path: &Path) -> Result<()> {
+/// an empty history. It is written to as well, so it must be none of the run's `inputs`; it must
+/// be a regular file of at most [`HISTORY_MAX`] bytes.
+fn load(editor: &mut rustyline::DefaultEditor, path: &Path, inputs: &Inputs) -> Result<()> {
+    inputs.refuse_as_output(path)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("could not make {} for the chat history", dir.display()))?;
+    }
+    if path.exists() {
+        files::check(path, "the chat history", HISTORY_MAX, files::Kinds::RegularOnly)?;
     }
     match editor.load_history(path) {
         Err(ReadlineError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

@@ -10,7 +10,7 @@ use answer::Answering;
 use anyhow::{Context, Result};
 use clap::Args;
 use input::{Input, Line};
-use kvgpt_core::hub::ModelFiles;
+use kvgpt_core::files::Inputs;
 use kvgpt_views::chat::{Command, Session, HELP};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,10 +49,14 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
     let (model, tok) = (&loaded.model, &loaded.tokenizer);
     let keep = a.keep.map(|k| k as usize);
     let mut session = Session::new(model, tok, sampling, a.system.clone(), keep).map_err(anyhow::Error::msg)?;
-    let history = if a.no_history { None } else { a.history.clone().or_else(input::default_history) };
-    let mut input = Input::open(history)?;
-    let keys = Keys::install()?;
     let drafting = a.draft.load(&a.model, &loaded)?;
+    let mut inputs = crate::draft::inputs(&a.model, &loaded.files, Some(&a.draft), &[])?;
+    let history = if a.no_history { None } else { a.history.clone().or_else(input::default_history) };
+    let mut input = Input::open(history, &inputs)?;
+    if let Some(history) = input.history() {
+        inputs = inputs.with(history, "the chat's input history");
+    }
+    let keys = Keys::install()?;
     if let Some(d) = &drafting {
         session.chat.speculate(&d.config);
     }
@@ -85,14 +89,14 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         };
         match Command::parse(line.trim_end_matches(['\n', '\r'])) {
             Ok(Command::Quit) => return Ok(Outcome::Done),
-            Ok(command) => apply(&mut session, command, &answering, &loaded.files)?,
+            Ok(command) => apply(&mut session, command, &answering, &inputs)?,
             Err(e) => errln!("error: {e}"),
         }
     }
 }
 
 /// Does what `command` asks of the session, saying what it did on stdout, or why not on stderr.
-fn apply(s: &mut Session, command: Command, answering: &Answering, files: &ModelFiles) -> Result<()> {
+fn apply(s: &mut Session, command: Command, answering: &Answering, inputs: &Inputs) -> Result<()> {
     let said = match command {
         Command::Quit | Command::Nothing => return Ok(()),
         Command::Help => Ok(HELP.to_string()),
@@ -101,7 +105,7 @@ fn apply(s: &mut Session, command: Command, answering: &Answering, files: &Model
         Command::ShowSystem => Ok(s.show_system()),
         Command::SetSystem(text) => s.set_system(&text)?,
         Command::Stats => Ok(s.stats()),
-        Command::Save(path) => s.save(&path, files),
+        Command::Save(path) => s.save(&path, inputs),
         Command::Load(path) => s.load(&path),
         Command::Regen => {
             let model = answering.model;

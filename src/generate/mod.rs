@@ -121,7 +121,8 @@ fn restore_prompt_cache(
     seq: &mut Sequence,
 ) -> Result<Option<Vec<u32>>> {
     let Some(file) = &a.prompt_cache else { return Ok(None) };
-    loaded.files.refuse_as_output(file, a.prompt.prompt_file.as_deref())?;
+    let prompt_file = a.prompt.prompt_file.as_deref().map(|p| (p, "the prompt file"));
+    crate::draft::inputs(&a.model, &loaded.files, Some(&a.draft), prompt_file.as_slice())?.refuse_as_output(file)?;
     if !file.exists() {
         return Ok(None);
     }

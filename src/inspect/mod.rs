@@ -115,14 +115,18 @@ pub fn run(cmd: InspectCmd) -> Result<Outcome> {
     if let InspectCmd::Cache { a, .. } = &cmd {
         outputs.extend(a.svg.iter().chain(&a.html).map(PathBuf::as_path));
     }
+    let mut drafts = None;
     if let InspectCmd::Draft { a, .. } = &cmd {
         outputs.extend(a.html.as_deref());
+        drafts = Some(&a.draft);
     }
     if !outputs.is_empty() {
         let files = crate::common::locate(&c.io.model)?;
+        let prompt_file = c.io.prompt.prompt_file.as_deref().map(|p| (p, "the prompt file"));
+        let inputs = crate::draft::inputs(&c.io.model, &files, drafts, prompt_file.as_slice())?;
         for p in outputs {
             check_writable(p)?;
-            files.refuse_as_output(p, c.io.prompt.prompt_file.as_deref())?;
+            inputs.refuse_as_output(p)?;
         }
     }
     match &cmd {

@@ -161,3 +161,28 @@ pub fn copy_side_files(dir: &std::path::Path) {
         std::fs::copy(fixture_dir().join(f), dir.join(f)).unwrap();
     }
 }
+
+/// `kvgpt args` with `env` set and `input` on stdin, as it ends; fails the test if it runs past
+/// 60 s (a hang).
+pub fn kvgpt_within(args: &[&str], env: &[(&str, &str)], input: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("kvgpt {args:?} hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}

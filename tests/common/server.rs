@@ -209,3 +209,22 @@ pub fn choice_logprobs(choice: &Value) -> (Vec<u32>, Vec<f64>, Vec<Vec<f64>>) {
         .collect();
     (ids, lps, tops)
 }
+
+/// A connection to the server at `base`, reads bounded by 20 s.
+pub fn connect(base: &str) -> std::net::TcpStream {
+    let c = std::net::TcpStream::connect(base.trim_start_matches("http://")).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    c
+}
+
+/// A raw request: (status, body as JSON).
+pub fn raw(base: &str, head: &str, body: &str) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let mut c = connect(base);
+    write!(c, "{head}Content-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut resp = String::new();
+    c.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let json = resp.split("\r\n\r\n").nth(1).and_then(|b| serde_json::from_str(b).ok()).unwrap_or(Value::Null);
+    (status, json)
+}

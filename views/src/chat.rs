@@ -10,7 +10,7 @@
 
 use kvgpt_core::chat::Chat;
 use kvgpt_core::error::Result;
-use kvgpt_core::hub::ModelFiles;
+use kvgpt_core::files::Inputs;
 use kvgpt_core::units::count;
 use kvgpt_core::{KvCache, Model, Sampling, Tokenizer};
 use std::path::PathBuf;
@@ -188,9 +188,10 @@ impl<'m> Session<'m> {
         )
     }
 
-    /// Saves the conversation and its K/V to `path` (never onto one of the model's `files`).
-    pub fn save(&mut self, path: &std::path::Path, files: &ModelFiles) -> Reply {
-        let saved = files.refuse_as_output(path, None).and_then(|()| self.chat.save(self.model, path));
+    /// Saves the conversation and its K/V to `path` (never onto one of the files the run reads,
+    /// `inputs`).
+    pub fn save(&mut self, path: &std::path::Path, inputs: &Inputs) -> Reply {
+        let saved = inputs.refuse_as_output(path).and_then(|()| self.chat.save(self.model, path));
         match saved {
             Ok(()) => Ok(format!("(saved {} tokens and their K/V to {})", self.chat.ids().len(), path.display())),
             Err(e) => Err(e.to_string()),

@@ -330,11 +330,7 @@ pub fn run_each(
 ) -> Result<Vec<(usize, Vec<Row>)>> {
     let mut groups = Vec::with_capacity(threads.len());
     for &n in threads {
-        let mut pool = rayon::ThreadPoolBuilder::new();
-        if let Some(n) = n {
-            pool = pool.num_threads(n);
-        }
-        let pool = pool.build().map_err(|e| Error::Invalid(format!("could not start the worker threads: {e}")))?;
+        let pool = kvgpt_core::threads::pool(n, "kvgpt-kernel")?;
         let rows = pool.install(|| run(model, spec, progress))?;
         groups.push((pool.current_num_threads(), rows));
     }
