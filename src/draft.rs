@@ -68,9 +68,9 @@ pub fn inputs(
     draft: Option<&DraftArgs>,
     others: &[(&Path, &str)],
 ) -> Result<Inputs> {
-    let mut inputs = Inputs::of_model(files);
+    let mut inputs = files.inputs("the model's");
     if let Some(draft) = draft.map(|d| d.model_files(m)).transpose()?.flatten() {
-        inputs = inputs.with_model(&draft, "the draft model's");
+        inputs = inputs.and(draft.inputs("the draft model's"));
     }
     Ok(others.iter().fold(inputs, |i, (path, what)| i.with(path, what)))
 }

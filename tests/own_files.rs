@@ -148,3 +148,40 @@ fn an_api_key_file_must_be_small_and_not_a_device() {
         assert!(stderr(&out).contains(&says), "{}", stderr(&out));
     }
 }
+
+#[test]
+fn model_files_that_are_fifos_or_devices_are_refused_without_hanging() {
+    let model = model_copy();
+    std::fs::remove_file(model.path().join("model.safetensors")).unwrap();
+    assert!(Command::new("mkfifo").arg(model.path().join("model.safetensors")).status().unwrap().success());
+    let m = model.path().display().to_string();
+    let out = run(&["generate", "The cat", "-n", "3", "--model", &m], "");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("model.safetensors of a model folder must be a regular file, and this is a pipe (FIFO)"),
+        "{}",
+        stderr(&out)
+    );
+    let model = model_copy();
+    std::fs::remove_file(model.path().join("config.json")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", model.path().join("config.json")).unwrap();
+    let m = model.path().display().to_string();
+    let out = run(&["generate", "The cat", "-n", "3", "--model", &m], "");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("config.json of a model folder must be a regular file, and this is a device"),
+        "{}",
+        stderr(&out)
+    );
+    // A FIFO named as a GGUF file.
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("model.gguf");
+    assert!(Command::new("mkfifo").arg(&gguf).status().unwrap().success());
+    let out = run(&["generate", "The cat", "-n", "3", "--model", gguf.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a model file must be a regular file, and this is a pipe (FIFO)"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -45,8 +45,8 @@ impl Config {
     }
 
     pub fn from_file(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let json: Value = serde_json::from_str(&text)
+        let bytes = crate::files::read(path, "a config.json", 16 << 20, crate::files::Kinds::RegularOnly)?;
+        let json: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::BadConfig { file: path.into(), reason: format!("not valid JSON: {e}") })?;
         Config::from_json(&json, path)
     }

@@ -1,10 +1,9 @@
 //! The run's own files (issue #33): how one is read — only a regular file (or, where the reader
 //! says so, a pipe such as `<(…)`), only up to the size its reader states — and the one rule for
-//! every file a front end writes: never onto a file the run reads. The CLI, the chat, the
-//! server's key file and the Python package all go through these.
+//! every file a front end writes: never onto a file the run reads (`ModelFiles::inputs` names a
+//! model's). The CLI, the chat, the server's key file and the Python package all go through these.
 
 use crate::error::{Error, Result};
-use crate::hub::ModelFiles;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -67,16 +66,9 @@ pub fn read(path: &Path, what: &str, max: u64, kinds: Kinds) -> Result<Vec<u8>> 
 pub struct Inputs(Vec<(PathBuf, String)>);
 
 impl Inputs {
-    /// The files of the model the run loads.
-    pub fn of_model(files: &ModelFiles) -> Inputs {
-        Inputs::default().with_model(files, "the model's")
-    }
-
-    /// Adds another model's files (`whose`: "the draft model's").
-    pub fn with_model(mut self, files: &ModelFiles, whose: &str) -> Inputs {
-        self.0.push((files.config.clone(), format!("{whose} config")));
-        self.0.push((files.weights.clone(), format!("{whose} weights")));
-        self.0.extend(files.tokenizer.paths().into_iter().map(|p| (p, format!("{whose} tokenizer"))));
+    /// Adds the files of `other`.
+    pub fn and(mut self, other: Inputs) -> Inputs {
+        self.0.extend(other.0);
         self
     }
 

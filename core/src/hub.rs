@@ -6,6 +6,7 @@ mod download;
 mod env;
 
 use crate::error::{Error, Result};
+use crate::files::Inputs;
 use std::path::{Path, PathBuf};
 
 /// The default model.
@@ -19,6 +20,20 @@ pub struct ModelFiles {
     pub config: PathBuf,
     pub weights: PathBuf,
     pub tokenizer: TokenizerFiles,
+}
+
+impl ModelFiles {
+    /// These files as inputs of a run, each named as `whose` ("the model's", "the draft
+    /// model's") config, weights or tokenizer.
+    pub fn inputs(&self, whose: &str) -> Inputs {
+        let mut inputs = Inputs::default()
+            .with(&self.config, &format!("{whose} config"))
+            .with(&self.weights, &format!("{whose} weights"));
+        for p in self.tokenizer.paths() {
+            inputs = inputs.with(&p, &format!("{whose} tokenizer"));
+        }
+        inputs
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -107,6 +122,8 @@ impl Locate {
             });
         }
         if path.exists() {
+            // Not opened: a FIFO would block the open for ever.
+            crate::files::check(path, "a model file", u64::MAX, crate::files::Kinds::RegularOnly)?;
             return Err(Error::NotAModel {
                 spec: spec.into(),
                 why: "it is a file but not a GGUF; a model is a GGUF file or the folder that holds config.json, \
@@ -181,6 +198,10 @@ pub fn local_folder(dir: &Path) -> Result<ModelFiles> {
             Ok(p)
         } else if p.is_dir() {
             Err(Error::NotAFile { path: p })
+        } else if p.exists() {
+            // A FIFO or a device, never opened (a FIFO would block the open for ever).
+            crate::files::check(&p, &format!("{f} of a model folder"), u64::MAX, crate::files::Kinds::RegularOnly)?;
+            Ok(p)
         } else {
             Err(Error::MissingFile {
                 path: p,

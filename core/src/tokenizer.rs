@@ -48,7 +48,8 @@ impl Tokenizer {
     }
 
     pub fn from_json_file(path: &Path) -> Result<Tokenizer> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        // GPT-2's is 1.4 MB; the largest vocabularies' a few tens of MB.
+        let bytes = crate::files::read(path, "a tokenizer.json", 256 << 20, crate::files::Kinds::RegularOnly)?;
         Tokenizer::from_json_bytes(&bytes, &path.display().to_string())
     }
 

@@ -67,6 +67,6 @@ impl Model {
                 query: None,
             })
         });
-        Ok(AttentionView { html: page, inputs: Inputs::of_model(&self.e.files) })
+        Ok(AttentionView { html: page, inputs: self.e.files.inputs("the model's") })
     }
 }
