@@ -98,3 +98,89 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
         }
     }
 }
+
+/// K/V in blocks of `b` positions at shuffled places in one buffer: physical block `table[j]`
+/// holds logical block `j` as `[K, V][NH][b][HS]`.
+struct Paged {
+    data: Vec<f32>,
+    table: Vec<usize>,
+    b: usize,
+    nh: usize,
+    hs: usize,
+}
+
+impl Paged {
+    /// The contiguous `[NH, t_max, HS]` K and V, copied into blocks of `b` placed by `seed`.
+    fn of(k: &[f32], v: &[f32], nh: usize, hs: usize, t_max: usize, b: usize, seed: u64) -> Paged {
+        let n = t_max.div_ceil(b);
+        let mut table: Vec<usize> = (0..n).collect();
+        let mut g = Gen(seed);
+        for i in (1..n).rev() {
+            table.swap(i, ((g.next() + 1.0) / 2.0 * (i + 1) as f32) as usize % (i + 1));
+        }
+        let mut data = vec![f32::NAN; n * 2 * nh * b * hs]; // unfilled rows are NaN
+        for (j, &phys) in table.iter().enumerate() {
+            for (part, src) in [k, v].into_iter().enumerate() {
+                for h in 0..nh {
+                    for r in 0..b.min(t_max - j * b) {
+                        let dst = (((phys * 2 + part) * nh + h) * b + r) * hs;
+                        data[dst..dst + hs].copy_from_slice(&src[(h * t_max + j * b + r) * hs..][..hs]);
+                    }
+                }
+            }
+        }
+        Paged { data, table, b, nh, hs }
+    }
+
+    fn rows(&self, j: usize, part: usize, h: usize) -> &[f32] {
+        let n = self.b * self.hs;
+        &self.data[((self.table[j] * 2 + part) * self.nh + h) * n..][..n]
+    }
+}
+
+impl KvBlocks for Paged {
+    fn block(&self) -> usize {
+        self.b
+    }
+    fn k(&self, j: usize, h: usize) -> &[f32] {
+        self.rows(j, 0, h)
+    }
+    fn v(&self, j: usize, h: usize) -> &[f32] {
+        self.rows(j, 1, h)
+    }
+}
+
+/// Attention over blocks — of 1, 2, 3, 16 positions and the whole context, placed anywhere — is
+/// the contiguous cache's, bit for bit, on every path: outputs, weights and scores, for a whole
+/// prompt, a chunk after cached positions, and a decode step.
+#[test]
+fn attention_over_blocks_is_the_contiguous_bits_whatever_the_block_size_and_placement() {
+    for (nh, hs, t_max) in [(3usize, 17usize, 40usize), (2, 16, 40), (3, 64, 40)] {
+        let c = nh * hs;
+        let mut g = Gen(7 + hs as u64);
+        let (k, v) = (g.vec(nh * t_max * hs), g.vec(nh * t_max * hs));
+        let q = g.vec(t_max * 3 * c);
+        let scale = 1.0 / (hs as f32).sqrt();
+        let mut scratch = vec![0.0; 2 * nh * t_max];
+        for b in [1, 2, 3, 16, t_max] {
+            let paged = Paged::of(&k, &v, nh, hs, t_max, b, b as u64);
+            for isa in Isa::available() {
+                for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33)] {
+                    let d = AttnDims { t, p, nh, hs, t_max, scale };
+                    let qs = &q[p * 3 * c..];
+                    let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
+                    let (mut want_p, mut got_p) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);
+                    attention(isa, &mut want, Some(&mut want_p), qs, 3 * c, &k, &v, &mut scratch, d);
+                    attention_blocks(isa, &mut got, Some(&mut got_p), qs, 3 * c, &paged, &mut scratch, d);
+                    let what = format!("{} B={b} HS={hs} T={t} P={p}", isa.name());
+                    assert_eq!(bits(&got), bits(&want), "outputs, {what}");
+                    assert_eq!(bits(&got_p), bits(&want_p), "weights, {what}");
+                    let (mut want_s, mut got_s) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);
+                    attention_scores(isa, &mut want_s, qs, 3 * c, &k, d);
+                    attention_scores_blocks(isa, &mut got_s, qs, 3 * c, &paged, d);
+                    assert_eq!(bits(&got_s), bits(&want_s), "scores, {what}");
+                }
+            }
+        }
+    }
+}
