@@ -61,15 +61,17 @@ fn work_counts_match_a_count_derived_from_the_config() {
         let same = &st["recomputed_same_bits"];
         assert_eq!(*same, if i == 0 { Value::Null } else { Value::Bool(true) }, "step {i}");
     }
-    // The bytes of this run's cache, from the config: positions × 2 (K, V) × layers × C × 4.
+    // The bytes of this run's cache, from the config: its 10 positions take one block of 16,
+    // 16 positions × 2 (K, V) × layers × C × 4.
     let (l, c) = (cfg["n_layer"].as_u64().unwrap(), cfg["n_embd"].as_u64().unwrap());
-    assert_eq!(j["capacity"], 10);
-    assert_eq!(j["bytes_allocated"].as_u64().unwrap(), 10 * 2 * l * c * 4);
+    assert_eq!((j["capacity"].as_u64(), j["block_size"].as_u64(), j["blocks"].as_u64()), (Some(10), Some(16), Some(1)));
+    assert_eq!(j["bytes_allocated"].as_u64().unwrap(), 16 * 2 * l * c * 4);
     let text = stdout(&["inspect", "cache", "The cat sat on", "--model", &model(), "--generate", "6"]);
-    assert!(
-        text.contains(&format!("This run allocated 10 positions: {:.1} KiB", (10 * 2 * l * c * 4) as f64 / 1024.0)),
-        "{text}"
+    let says = format!(
+        "This run holds 1 block of 16 positions for its 10 positions: {:.1} KiB",
+        (16 * 2 * l * c * 4) as f64 / 1024.0
     );
+    assert!(text.contains(&says), "{text}");
     assert!(!text.contains("preallocated"));
 }
 

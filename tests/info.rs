@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvgpt_core::{KvCache, Model, WeightType};
+use kvgpt_core::{Model, WeightType};
 use std::process::Command;
 
 #[test]
@@ -24,8 +24,8 @@ fn info_counts_what_loading_holds() {
         assert_eq!(got, model.weight_bytes(), "{}", ty.name());
     }
     let cfg = &load_fixture().model.config;
-    let full = KvCache::with_capacity(cfg, cfg.n_positions);
-    assert_eq!(info.kv_cache.bytes_full_context, full.bytes());
+    // Every position of the context: 2 (K, V) × layers × C × 4 bytes each.
+    assert_eq!(info.kv_cache.bytes_full_context, cfg.n_positions * 2 * cfg.n_layer * cfg.n_embd * 4);
     assert_eq!(info.config.n_positions, 128);
     assert_eq!((info.tokenizer.eos_token.as_str(), info.tokenizer.eos_token_id), ("<|endoftext|>", 50256));
     assert_eq!(info.kernels.available.first(), Some(&"scalar"));

@@ -246,7 +246,7 @@ fn verify_cache_reports_zero_divergence_and_catches_a_corrupted_cache() {
     let ids = &Reference::load().prompts()[1].ids;
     let report = kvgpt_views::verify::cache_vs_recompute_tampered(&loaded.model, ids, 10, 0.0, &mut |cache, step| {
         if step == 3 {
-            cache.layer_mut(0).k[5] += 1.0;
+            cache.nudge(0, kvgpt_core::KvPart::K, 0, 0, 5, 1.0);
         }
     })
     .unwrap();

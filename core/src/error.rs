@@ -77,6 +77,12 @@ pub enum Error {
     #[error("KV cache overflow: {len} cached + {new} new positions exceed its {capacity} positions")]
     CacheOverflow { len: usize, new: usize, capacity: usize },
 
+    #[error(
+        "the K/V pool is full: {need} more blocks are needed and {free} of its {total} are free (blocks of {block} \
+         positions); give it more memory (--kv-mb) or ask for fewer tokens"
+    )]
+    KvPoolFull { need: usize, free: usize, total: usize, block: usize },
+
     #[error("token id {id} is outside the model's vocabulary of {vocab}")]
     BadTokenId { id: u32, vocab: usize },
 

@@ -7,13 +7,15 @@
 /// Each entry `[unsafe] fn name(args) -> R = LANES_BODY, SCALAR_BODY;` makes the dispatcher
 /// `name(isa, args)` and, per x86 ISA, a module holding its lanes as `L` (two AVX2 registers, one
 /// AVX-512 register) and a `#[target_feature]` copy that calls `LANES_BODY`, a path that may name
-/// `L`. One feature set per ISA; the bodies' arithmetic is fixed, only the registers and
+/// `L`. A kernel may take one type parameter (`fn name<K: Bound>(…)`), so that what it reads
+/// through is inlined into each ISA's copy. One feature set per ISA; the bodies' arithmetic is fixed, only the registers and
 /// instructions differ. For `unsafe` kernels the caller upholds the body's contract.
 macro_rules! kernels {
-    ($( [$($kw:tt)*] fn $name:ident ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)? = $lanes:path, $scalar:path ; )*) => {
+    ($( [$($kw:tt)*] fn $name:ident $(< $g:ident : $gb:path >)? ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)?
+        = $lanes:path, $scalar:path ; )*) => {
         $(
             #[allow(clippy::too_many_arguments, unused_unsafe)] // the bodies' own signatures
-            pub(crate) $($kw)* fn $name(isa: $crate::isa::Isa, $($a: $t),*) $(-> $r)? {
+            pub(crate) $($kw)* fn $name $(<$g: $gb>)? (isa: $crate::isa::Isa, $($a: $t),*) $(-> $r)? {
                 match isa.0 {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: an `Isa` of kind Avx2Fma is only made by `Isa::available` after the
@@ -29,13 +31,13 @@ macro_rules! kernels {
             }
         )*
         $crate::dispatch::kernels!(@module avx2, $crate::lanes::avx2::Y, "avx2,fma,f16c",
-            $( fn $name ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
+            $( fn $name $(<$g : $gb>)? ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
         $crate::dispatch::kernels!(@module avx512, $crate::lanes::avx512::Z,
             "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-            $( fn $name ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
+            $( fn $name $(<$g : $gb>)? ( $($a : $t),* ) $(-> $r)? = $lanes ; )*);
     };
     (@module $module:ident, $lanes_ty:ty, $features:literal,
-        $( fn $name:ident ( $($a:ident : $t:ty),* ) $(-> $r:ty)? = $lanes:path ; )*) => {
+        $( fn $name:ident $(< $g:ident : $gb:path >)? ( $($a:ident : $t:ty),* ) $(-> $r:ty)? = $lanes:path ; )*) => {
         #[cfg(target_arch = "x86_64")]
         mod $module {
             #[allow(unused_imports)]
@@ -46,7 +48,7 @@ macro_rules! kernels {
             $(
                 #[allow(clippy::too_many_arguments, unused_unsafe)] // the bodies' own signatures
                 #[target_feature(enable = $features)]
-                pub(super) unsafe fn $name($($a: $t),*) $(-> $r)? {
+                pub(super) unsafe fn $name $(<$g: $gb>)? ($($a: $t),*) $(-> $r)? {
                     // SAFETY: the caller (the dispatcher) upholds the body's contract.
                     unsafe { $lanes($($a),*) }
                 }

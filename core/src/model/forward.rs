@@ -112,11 +112,12 @@ impl Model {
         Ok(())
     }
 
-    /// Checks every sequence before any work (logits rows, ids, room); returns `(T, R)`.
-    fn check_batch(&self, batch: &[Rows<'_>]) -> Result<(usize, usize)> {
+    /// Checks every sequence before any work (logits rows, ids, room) and reserves the K/V
+    /// blocks its rows will fill; returns `(T, R)`.
+    fn check_batch(&self, batch: &mut [Rows<'_>]) -> Result<(usize, usize)> {
         let v = self.config.vocab_size;
         let (mut t, mut r) = (0, 0);
-        for s in batch {
+        for s in batch.iter() {
             let (ti, ri) = (s.ids.len(), s.logits.len() / v);
             if ri > ti || s.logits.len() != ri * v {
                 return Err(Error::Invalid(format!(
@@ -129,6 +130,9 @@ impl Model {
             }
             s.cache.check_room(ti)?;
             (t, r) = (t + ti, r + ri);
+        }
+        for s in batch.iter_mut() {
+            s.cache.reserve(s.ids.len())?;
         }
         if t == 0 {
             return Err(Error::Invalid("forward needs at least one token".into()));
@@ -170,11 +174,12 @@ impl Model {
             let kv = s.cache.layer(l);
             if tap.wants(Point::AttnScores(l)) {
                 let mut sc = vec![0.0; nh * ti * (p + ti)]; // views only: allocates
-                k::attention_scores(self.isa, &mut sc, q, 3 * c, &kv.k, dims);
+                k::attention_scores_blocks(self.isa, &mut sc, q, 3 * c, &kv, dims);
                 tap.record(Point::AttnScores(l), &[nh, ti, p + ti], &sc);
             }
             let out = &mut att[row * c..(row + ti) * c];
-            k::attention(self.isa, out, want_probs.then_some(&mut probs[..]), q, 3 * c, &kv.k, &kv.v, scores, dims);
+            let wanted = want_probs.then_some(&mut probs[..]);
+            k::attention_blocks(self.isa, out, wanted, q, 3 * c, &kv, scores, dims);
             if want_probs {
                 tap.record(Point::AttnProbs(l), &[nh, ti, p + ti], probs);
             }

@@ -16,12 +16,15 @@ use crate::par::{SendPtr, PAR_MIN_WORK};
 use crate::rows::{dot_body, softmax};
 use rayon::prelude::*;
 
+// One dispatch per query and head: the loop over the blocks, and the reads of the block table,
+// are inlined into each ISA's copy, so a block costs its kernel's work and a few loads.
 kernels! {
-    [] fn scores(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) = x86::scores_lanes::<L>, scores_body;
-    [] fn weighted_sum(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize)
-        = x86::weighted_sum_lanes::<L>, weighted_sum_body;
-    [] fn weighted_sum_pair(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], vh: &[f32], hs: usize)
-        = x86::weighted_sum_pair_lanes::<L>, weighted_sum_pair_body;
+    [] fn block_scores<K: KvBlocks>(s: &mut [f32], q: &[f32], kv: &K, h: usize, hs: usize, scale: f32)
+        = x86::block_scores_lanes::<L, K>, block_scores_body;
+    [] fn block_sums<K: KvBlocks>(out: &mut [f32], probs: &[f32], kv: &K, h: usize, hs: usize)
+        = x86::block_sums_lanes::<L, K>, block_sums_body;
+    [] fn block_sums_pair<K: KvBlocks>(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], kv: &K, h: usize, hs: usize)
+        = x86::block_sums_pair_lanes::<L, K>, block_sums_pair_body;
 }
 
 /// The sizes of one attention call.
@@ -174,30 +177,31 @@ pub fn attention_blocks<K: KvBlocks>(
 }
 
 /// The scores of one query against keys `0..s.len()` of head `h`, block by block.
-fn block_scores<K: KvBlocks>(isa: Isa, s: &mut [f32], q: &[f32], kv: &K, h: usize, hs: usize, scale: f32) {
+#[inline(always)]
+pub(crate) fn block_scores_body(s: &mut [f32], q: &[f32], kv: &impl KvBlocks, h: usize, hs: usize, scale: f32) {
     for (j, chunk) in s.chunks_mut(kv.block()).enumerate() {
-        scores(isa, chunk, q, kv.k(j, h), hs, scale);
+        scores_body(chunk, q, kv.k(j, h), hs, scale);
     }
 }
 
 /// `out = Σ_j probs[j] · v_j` over head `h`'s value rows, block by block, one chain per output.
-fn block_sums<K: KvBlocks>(isa: Isa, out: &mut [f32], probs: &[f32], kv: &K, h: usize, hs: usize) {
+#[inline(always)]
+pub(crate) fn block_sums_body(out: &mut [f32], probs: &[f32], kv: &impl KvBlocks, h: usize, hs: usize) {
     out.fill(0.0);
     for (j, chunk) in probs.chunks(kv.block()).enumerate() {
-        weighted_sum(isa, out, chunk, kv.v(j, h), hs);
+        weighted_sum_body(out, chunk, kv.v(j, h), hs);
     }
 }
 
-/// [`block_sums`] of two queries at once: `p1` holds the weights of the keys of `p0` and one
-/// more (the second query's own), so every block but the last gives both the same rows.
-#[allow(clippy::too_many_arguments)] // outputs first, dimensions last
-fn block_sums_pair<K: KvBlocks>(
-    isa: Isa,
+/// [`block_sums_body`] of two queries at once: `p1` holds the weights of the keys of `p0` and
+/// one more (the second query's own), so every block but the last gives both the same rows.
+#[inline(always)]
+pub(crate) fn block_sums_pair_body(
     o0: &mut [f32],
     o1: &mut [f32],
     p0: &[f32],
     p1: &[f32],
-    kv: &K,
+    kv: &impl KvBlocks,
     h: usize,
     hs: usize,
 ) {
@@ -205,9 +209,14 @@ fn block_sums_pair<K: KvBlocks>(
     o0.fill(0.0);
     o1.fill(0.0);
     for (j, c1) in p1.chunks(b).enumerate() {
-        let c0 = &p0[(j * b).min(p0.len())..((j + 1) * b).min(p0.len())];
-        weighted_sum_pair(isa, o0, o1, c0, c1, kv.v(j, h), hs);
+        weighted_sum_pair_body(o0, o1, pair_chunk(p0, j, b), c1, kv.v(j, h), hs);
     }
+}
+
+/// Block `j` of `p0`'s weights (shorter, or empty, where `p0` ends).
+#[inline(always)]
+pub(crate) fn pair_chunk(p0: &[f32], j: usize, b: usize) -> &[f32] {
+    &p0[(j * b).min(p0.len())..((j + 1) * b).min(p0.len())]
 }
 
 /// The pre-softmax scores of [`attention`] for the same inputs, with the causal mask as −∞:

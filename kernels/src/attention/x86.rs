@@ -1,7 +1,7 @@
 //! The x86 inner loops of attention over either ISA's lanes, each keeping its scalar body's
 //! chains and reduction order.
 
-use super::{scores_body, weighted_sum_body, weighted_sum_pair_body};
+use super::{pair_chunk, scores_body, KvBlocks};
 use crate::lanes::avx2::Y;
 use crate::lanes::avx512::Z;
 use crate::lanes::Lanes;
@@ -70,6 +70,101 @@ impl Halves for Z {
         // Key j sits at 4 (j mod 4) + j / 4.
         let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_permutexvar_ps(idx, w1), _mm512_set1_ps(scale)));
+    }
+}
+
+/// [`super::block_scores_body`] over these lanes.
+#[inline(always)]
+pub(crate) unsafe fn block_scores_lanes<L: Halves, K: KvBlocks>(
+    s: &mut [f32],
+    q: &[f32],
+    kv: &K,
+    h: usize,
+    hs: usize,
+    scale: f32,
+) {
+    for (j, chunk) in s.chunks_mut(kv.block()).enumerate() {
+        scores_lanes::<L>(chunk, q, kv.k(j, h), hs, scale);
+    }
+}
+
+/// [`super::block_sums_body`] over these lanes: the 64 outputs stay in four rows of lanes from
+/// the first block to the last (the same chain per output as `weighted_sum_body`).
+#[inline(always)]
+pub(crate) unsafe fn block_sums_lanes<L: Lanes, K: KvBlocks>(
+    out: &mut [f32],
+    probs: &[f32],
+    kv: &K,
+    h: usize,
+    hs: usize,
+) {
+    if hs != 64 || out.len() < 64 {
+        return super::block_sums_body(out, probs, kv, h, hs);
+    }
+    let mut acc = [L::zero(); 4];
+    for (j, chunk) in probs.chunks(kv.block()).enumerate() {
+        let vh = kv.v(j, h);
+        assert!(vh.len() >= chunk.len() * 64, "a block holds its rows");
+        for (r, &pr) in chunk.iter().enumerate() {
+            let a = L::splat(pr);
+            // SAFETY: row r of the block's rows holds 64 floats (asserted above).
+            let v = vh.as_ptr().add(r * 64);
+            for (d, accd) in acc.iter_mut().enumerate() {
+                *accd = L::fma(a, L::load(v.add(NR * d)), *accd);
+            }
+        }
+    }
+    for (d, accd) in acc.iter().enumerate() {
+        // SAFETY: out holds 64 floats (checked above).
+        accd.store(out.as_mut_ptr().add(NR * d));
+    }
+}
+
+/// [`super::block_sums_pair_body`] over these lanes: eight FMA chains in flight, each value row
+/// loaded once for both queries, the accumulators in registers across blocks.
+#[inline(always)]
+pub(crate) unsafe fn block_sums_pair_lanes<L: Lanes, K: KvBlocks>(
+    o0: &mut [f32],
+    o1: &mut [f32],
+    p0: &[f32],
+    p1: &[f32],
+    kv: &K,
+    h: usize,
+    hs: usize,
+) {
+    let n = p0.len();
+    if hs != 64 || o0.len() < 64 || o1.len() < 64 || !(p1.len() == n || p1.len() == n + 1) {
+        return super::block_sums_pair_body(o0, o1, p0, p1, kv, h, hs);
+    }
+    let b = kv.block();
+    let (mut a0, mut a1) = ([L::zero(); 4], [L::zero(); 4]);
+    for (j, c1) in p1.chunks(b).enumerate() {
+        let (c0, vh) = (pair_chunk(p0, j, b), kv.v(j, h));
+        assert!(vh.len() >= c1.len() * 64, "a block holds its rows");
+        for (r, &x0) in c0.iter().enumerate() {
+            let (x0, x1) = (L::splat(x0), L::splat(c1[r]));
+            // SAFETY: row r of the block's rows holds 64 floats (asserted above).
+            let v = vh.as_ptr().add(r * 64);
+            for d in 0..4 {
+                let vd = L::load(v.add(NR * d));
+                a0[d] = L::fma(x0, vd, a0[d]);
+                a1[d] = L::fma(x1, vd, a1[d]);
+            }
+        }
+        if c1.len() > c0.len() {
+            // The second query's own key: the last row, for it alone.
+            let (r, x1) = (c0.len(), L::splat(c1[c0.len()]));
+            // SAFETY: row r < c1.len() holds 64 floats (asserted above).
+            let v = vh.as_ptr().add(r * 64);
+            for (d, a) in a1.iter_mut().enumerate() {
+                *a = L::fma(x1, L::load(v.add(NR * d)), *a);
+            }
+        }
+    }
+    for d in 0..4 {
+        // SAFETY: o0 and o1 hold 64 floats each (checked above).
+        a0[d].store(o0.as_mut_ptr().add(NR * d));
+        a1[d].store(o1.as_mut_ptr().add(NR * d));
     }
 }
 
@@ -143,76 +238,6 @@ unsafe fn dot_key_lanes<L: Lanes, const G: usize>(q: *const f32, k: *const f32, 
         c += NR;
     }
     acc
-}
-
-/// `out += Σ_j probs[j] · v_j` over one head of 64 outputs held in four rows of lanes, loaded
-/// from `out` and stored back; the same chain per output as `weighted_sum_body`.
-#[inline(always)]
-pub(crate) unsafe fn weighted_sum_lanes<L: Lanes>(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
-    if hs != 64 || out.len() < 64 || vh.len() < probs.len() * 64 {
-        return weighted_sum_body(out, probs, vh, hs);
-    }
-    let mut acc = [L::zero(); 4];
-    for (d, accd) in acc.iter_mut().enumerate() {
-        *accd = L::load(out.as_ptr().add(NR * d));
-    }
-    for (j, &pj) in probs.iter().enumerate() {
-        let a = L::splat(pj);
-        // SAFETY: row j of vh holds 64 floats (checked above).
-        let v = vh.as_ptr().add(j * 64);
-        for (d, accd) in acc.iter_mut().enumerate() {
-            *accd = L::fma(a, L::load(v.add(NR * d)), *accd);
-        }
-    }
-    for (d, accd) in acc.iter().enumerate() {
-        accd.store(out.as_mut_ptr().add(NR * d));
-    }
-}
-
-/// [`weighted_sum_lanes`] for two queries that share their keys but possibly the second's last
-/// (`p1` holds as many weights as `p0`, or one more): eight FMA chains in flight instead of
-/// four, and each value row loaded once for both.
-#[inline(always)]
-pub(crate) unsafe fn weighted_sum_pair_lanes<L: Lanes>(
-    o0: &mut [f32],
-    o1: &mut [f32],
-    p0: &[f32],
-    p1: &[f32],
-    vh: &[f32],
-    hs: usize,
-) {
-    let n = p0.len();
-    let extra = p1.len() == n + 1;
-    if hs != 64 || o0.len() < 64 || o1.len() < 64 || !(extra || p1.len() == n) || vh.len() < p1.len() * 64 {
-        return weighted_sum_pair_body(o0, o1, p0, p1, vh, hs);
-    }
-    let (mut a0, mut a1) = ([L::zero(); 4], [L::zero(); 4]);
-    for d in 0..4 {
-        a0[d] = L::load(o0.as_ptr().add(NR * d));
-        a1[d] = L::load(o1.as_ptr().add(NR * d));
-    }
-    for j in 0..n {
-        let (x0, x1) = (L::splat(p0[j]), L::splat(p1[j]));
-        // SAFETY: row j of vh holds 64 floats (checked above).
-        let v = vh.as_ptr().add(j * 64);
-        for d in 0..4 {
-            let vd = L::load(v.add(NR * d));
-            a0[d] = L::fma(x0, vd, a0[d]);
-            a1[d] = L::fma(x1, vd, a1[d]);
-        }
-    }
-    if extra {
-        let x1 = L::splat(p1[n]);
-        // SAFETY: row n of vh holds 64 floats (checked above).
-        let v = vh.as_ptr().add(n * 64);
-        for (d, a) in a1.iter_mut().enumerate() {
-            *a = L::fma(x1, L::load(v.add(NR * d)), *a);
-        }
-    }
-    for d in 0..4 {
-        a0[d].store(o0.as_mut_ptr().add(NR * d));
-        a1[d].store(o1.as_mut_ptr().add(NR * d));
-    }
 }
 
 /// [`reduce16`] of four (lo, hi) pairs at once, the same additions done in vectors:

@@ -53,7 +53,7 @@ impl Header {
             load_ms,
             weight_bytes: m.weight_bytes(),
             parameters: kvgpt_core::weights::parameter_count(cfg),
-            kv_cache_bytes: KvCache::new(cfg).bytes(),
+            kv_cache_bytes: KvCache::bytes_per_position(cfg) * cfg.n_positions,
             peak_rss_bytes,
             read_bandwidth_gb_s: bandwidth,
             depths,

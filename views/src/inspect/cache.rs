@@ -47,6 +47,9 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
         prefill_tokens: tr.prefill_len,
         capacity: tr.cache.capacity(),
         bytes_per_position: KvCache::bytes_per_position(cfg),
+        block_size: tr.cache.shape().positions,
+        blocks: tr.cache.blocks().len(),
+        positions_held: tr.cache.len(),
         bytes_allocated: tr.cache.bytes(),
         layer: ask.layer,
         head: ask.head,
@@ -86,12 +89,12 @@ fn compare(cached: Work, uncached: Work) -> Compare {
 
 /// One head's `[NH, len, HS]` gathered part as rows.
 fn head_rows(cache: &KvCache, l: usize, h: usize, part: KvPart) -> Vec<Vec<f32>> {
-    let [_, len, hs] = cache.shape();
+    let [_, len, hs] = cache.filled_shape();
     cache.gather(l, part)[h * len * hs..(h + 1) * len * hs].chunks(hs).map(<[f32]>::to_vec).collect()
 }
 
 fn kv_tensors(cache: &KvCache) -> KvTensors {
-    let [nh, len, hs] = cache.shape();
+    let [nh, len, hs] = cache.filled_shape();
     let layers = cache.n_layer();
     let mut k = Vec::with_capacity(layers * nh * len * hs);
     let mut v = Vec::with_capacity(k.capacity());

@@ -52,9 +52,14 @@ pub struct CacheView {
     pub tokens: Vec<String>,
     pub prompt_tokens: usize,
     pub prefill_tokens: usize,
-    /// The cache this run allocated: positions, bytes per position, bytes in all.
+    /// The cache this run held: the positions it may hold, bytes per position, its blocks (of
+    /// `block_size` positions) and their bytes.
     pub capacity: usize,
     pub bytes_per_position: usize,
+    pub block_size: usize,
+    pub blocks: usize,
+    /// Positions filled at the end.
+    pub positions_held: usize,
     pub bytes_allocated: usize,
     pub layer: usize,
     pub head: usize,

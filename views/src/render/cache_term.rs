@@ -156,10 +156,15 @@ fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize
         v.head_dim,
         bytes(v.bytes_per_position as u64)
     )?;
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
     writeln!(
         out,
-        "This run allocated {} positions: {} (all {} of the model's positions would take {}).",
-        v.capacity,
+        "This run holds {} block{} of {} positions for its {} positions: {} (all {} of the model's positions would \
+         take {}).",
+        v.blocks,
+        plural(v.blocks),
+        v.block_size,
+        v.positions_held,
         bytes(v.bytes_allocated as u64),
         v.n_positions,
         bytes((v.n_positions * v.bytes_per_position) as u64)

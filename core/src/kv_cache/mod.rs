@@ -1,0 +1,337 @@
+//! A sequence's KV cache: a block table over a [`Pool`] of K/V blocks (`pool.rs`). Logical
+//! block `j` holds positions `j·B..(j+1)·B` of every layer; blocks are taken from the pool as
+//! positions arrive ([`KvCache::reserve`]), never up front, and one shared with another holder
+//! (the prompt cache, another sequence) is copied before it is written (copy on write). The
+//! position of the next token is the cache length; writing past the capacity is a typed error.
+//!
+//! Attention reads the blocks through [`LayerBlocks`] in position order, so the logits are the
+//! same bits whatever the block size and wherever the blocks are (kvgpt-kernels' attention).
+
+mod pool;
+mod span;
+
+pub use pool::{Block, BlockShape, Pool, DEFAULT_BLOCK};
+pub use span::{KvPart, KvSpan};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use kvgpt_kernels::KvBlocks;
+use std::sync::Arc;
+
+pub struct KvCache {
+    pool: Pool,
+    /// Logical block → its block.
+    blocks: Vec<Arc<Block>>,
+    len: usize,
+    capacity: usize,
+    shape: BlockShape,
+}
+
+impl KvCache {
+    /// How K/V are held, as stored K/V record it: f32, positions in blocks, per layer K then V,
+    /// each `[NH, B, HS]`.
+    pub const LAYOUT: &'static str = "f32; blocks of positions, per layer K then V, [NH, B, HS]";
+
+    /// A cache for `cfg.n_positions` positions, in blocks of [`DEFAULT_BLOCK`] of its own.
+    pub fn new(cfg: &Config) -> KvCache {
+        KvCache::with_capacity(cfg, cfg.n_positions)
+    }
+
+    /// A cache for `capacity` positions (at most `cfg.n_positions`), with a pool of its own just
+    /// large enough: a sequence that will never hold more positions needs no more memory.
+    pub fn with_capacity(cfg: &Config, capacity: usize) -> KvCache {
+        KvCache::with_blocks(cfg, capacity, DEFAULT_BLOCK)
+    }
+
+    /// [`KvCache::with_capacity`] in blocks of `block` positions.
+    pub fn with_blocks(cfg: &Config, capacity: usize, block: usize) -> KvCache {
+        let capacity = capacity.min(cfg.n_positions);
+        let pool = Pool::new(cfg, block, capacity.div_ceil(block.max(1)));
+        KvCache::in_pool(&pool, cfg, capacity)
+    }
+
+    /// A cache for `capacity` positions (at most `cfg.n_positions`) whose blocks come from `pool`.
+    pub fn in_pool(pool: &Pool, cfg: &Config, capacity: usize) -> KvCache {
+        let capacity = capacity.min(cfg.n_positions);
+        let shape = pool.shape();
+        let blocks = Vec::with_capacity(shape.blocks_for(capacity));
+        KvCache { pool: pool.clone(), blocks, len: 0, capacity, shape }
+    }
+
+    /// Bytes of K and V for one position of every layer (f32).
+    pub fn bytes_per_position(cfg: &Config) -> usize {
+        2 * cfg.n_layer * cfg.n_embd * 4
+    }
+
+    /// Positions filled; the next token goes at position `len()`.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions this cache may hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn shape(&self) -> BlockShape {
+        self.shape
+    }
+
+    /// The blocks of logical blocks `0..`, as held now.
+    pub fn blocks(&self) -> &[Arc<Block>] {
+        &self.blocks
+    }
+
+    /// Forgets every position and gives every block back.
+    pub fn reset(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Layers.
+    pub fn n_layer(&self) -> usize {
+        self.shape.n_layer
+    }
+
+    /// The shape of one layer's K (and V) as filled: `[NH, len, HS]`.
+    pub fn filled_shape(&self) -> [usize; 3] {
+        [self.shape.n_head, self.len, self.shape.head_dim]
+    }
+
+    /// Bytes of K and V of one layer that hold positions (f32).
+    pub fn layer_bytes_used(&self) -> usize {
+        2 * self.shape.n_head * self.len * self.shape.head_dim * 4
+    }
+
+    /// Bytes of K and V of one layer in the blocks held.
+    pub fn layer_bytes_allocated(&self) -> usize {
+        self.shape.bytes() / self.shape.n_layer.max(1) * self.blocks.len()
+    }
+
+    /// Bytes of the blocks held (a block shared with another holder counts in full here too).
+    pub fn bytes(&self) -> usize {
+        self.shape.bytes() * self.blocks.len()
+    }
+
+    /// Errors if `new` more positions do not fit the capacity.
+    pub fn check_room(&self, new: usize) -> Result<()> {
+        if self.len + new > self.capacity {
+            return Err(Error::CacheOverflow { len: self.len, new, capacity: self.capacity });
+        }
+        Ok(())
+    }
+
+    /// Blocks [`KvCache::reserve`] would take from the pool for `new` more positions: the new
+    /// ones, and a copy of a shared block that the first of them would write into.
+    pub fn blocks_needed(&self, new: usize) -> usize {
+        let fresh = self.shape.blocks_for(self.len + new).saturating_sub(self.blocks.len());
+        fresh + usize::from(self.to_copy(new).is_some())
+    }
+
+    /// The shared block that `new` more positions would write into first, if any: the one the
+    /// cache's last positions partly fill.
+    fn to_copy(&self, new: usize) -> Option<usize> {
+        let j = self.len / self.shape.positions;
+        (new > 0 && !self.len.is_multiple_of(self.shape.positions) && self.shared(j)).then_some(j)
+    }
+
+    fn shared(&self, j: usize) -> bool {
+        self.blocks.get(j).is_some_and(|b| Arc::strong_count(b) > 1)
+    }
+
+    /// Replaces block `j` by a copy of it from the pool (its other holders keep the original).
+    fn copy_block(&mut self, j: usize) -> Result<()> {
+        let mut copy = self.take_block()?;
+        Arc::get_mut(&mut copy).expect("a new block").data_mut().copy_from_slice(self.blocks[j].data());
+        self.blocks[j] = copy;
+        Ok(())
+    }
+
+    /// Makes room for `new` more positions: checks the capacity, takes the blocks they need from
+    /// the pool and copies a shared block they would write into. Errors, taking nothing, when the
+    /// pool cannot give them all.
+    pub fn reserve(&mut self, new: usize) -> Result<()> {
+        self.check_room(new)?;
+        let need = self.blocks_needed(new);
+        if need > self.pool.free_blocks() {
+            let (free, total) = (self.pool.free_blocks(), self.pool.total_blocks());
+            return Err(Error::KvPoolFull { need, free, total, block: self.shape.positions });
+        }
+        if let Some(j) = self.to_copy(new) {
+            self.copy_block(j)?;
+        }
+        while self.blocks.len() < self.shape.blocks_for(self.len + new) {
+            let block = self.take_block()?;
+            self.blocks.push(block);
+        }
+        Ok(())
+    }
+
+    fn take_block(&self) -> Result<Arc<Block>> {
+        self.pool.alloc().ok_or(Error::KvPoolFull {
+            need: 1,
+            free: 0,
+            total: self.pool.total_blocks(),
+            block: self.shape.positions,
+        })
+    }
+
+    /// Head `h`'s row of layer `l`'s K or V at position `p` (`[HS]`).
+    fn row(&self, l: usize, part: usize, h: usize, p: usize) -> &[f32] {
+        let (b, hs) = (self.shape.positions, self.shape.head_dim);
+        &self.blocks[p / b].data()[self.shape.row(l, part, h, p % b)..][..hs]
+    }
+
+    /// The same row to write: its block is this cache's own (reserved, copied if it was shared).
+    fn row_mut(&mut self, l: usize, part: usize, h: usize, p: usize) -> &mut [f32] {
+        let (b, hs) = (self.shape.positions, self.shape.head_dim);
+        let at = self.shape.row(l, part, h, p % b);
+        let block = Arc::get_mut(&mut self.blocks[p / b]).expect("a reserved block is the cache's own");
+        &mut block.data_mut()[at..][..hs]
+    }
+
+    /// Writes K and V of `t` new tokens of layer `l` at positions `len..len+t` (reserved), taking
+    /// them from the fused c_attn output `qkv` `[T, 3C]` (columns C..2C are K, 2C..3C are V).
+    pub(crate) fn write(&mut self, l: usize, qkv: &[f32], t: usize) {
+        let (nh, hs, p) = (self.shape.n_head, self.shape.head_dim, self.len);
+        let c = nh * hs;
+        for i in 0..t {
+            let row = &qkv[i * 3 * c..(i + 1) * 3 * c];
+            for h in 0..nh {
+                self.row_mut(l, 0, h, p + i).copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
+                self.row_mut(l, 1, h, p + i).copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+            }
+        }
+    }
+
+    /// Marks `t` more positions as filled (after every layer has written them).
+    pub(crate) fn advance(&mut self, t: usize) {
+        self.len += t;
+    }
+
+    /// Layer `l`'s K and V as attention reads them.
+    pub fn layer(&self, l: usize) -> LayerBlocks<'_> {
+        LayerBlocks { blocks: &self.blocks, shape: self.shape, l }
+    }
+
+    /// K (or V) of layer `l` for positions `0..len`, as `[NH, len, HS]` (copied out of the blocks).
+    pub fn gather(&self, l: usize, which: KvPart) -> Vec<f32> {
+        let (nh, hs, part) = (self.shape.n_head, self.shape.head_dim, which as usize);
+        let mut out = Vec::with_capacity(nh * self.len * hs);
+        for h in 0..nh {
+            for p in 0..self.len {
+                out.extend_from_slice(self.row(l, part, h, p));
+            }
+        }
+        out
+    }
+
+    /// Whether K and V of positions `0..n` are the same bits in `other`, every layer and head
+    /// (compared in place, whatever either cache's blocks).
+    pub fn same_bits(&self, other: &KvCache, n: usize) -> bool {
+        assert!(
+            n <= self.len && n <= other.len,
+            "comparing {n} positions of caches holding {} and {}",
+            self.len,
+            other.len
+        );
+        let (s, o) = (self.shape, other.shape);
+        let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        (s.n_layer, s.n_head, s.head_dim) == (o.n_layer, o.n_head, o.head_dim)
+            && (0..s.n_layer).all(|l| {
+                (0..2).all(|part| {
+                    (0..s.n_head).all(|h| (0..n).all(|p| same(self.row(l, part, h, p), other.row(l, part, h, p))))
+                })
+            })
+    }
+
+    /// A copy of K and V of positions `a..b` of every layer.
+    pub fn span(&self, a: usize, b: usize) -> KvSpan {
+        assert!(a <= b && b <= self.len, "span {a}..{b} of a cache holding {} positions", self.len);
+        let BlockShape { n_layer, n_head, head_dim, .. } = self.shape;
+        let mut data = Vec::with_capacity(n_layer * 2 * n_head * (b - a) * head_dim);
+        for l in 0..n_layer {
+            for part in 0..2 {
+                for h in 0..n_head {
+                    (a..b).for_each(|p| data.extend_from_slice(self.row(l, part, h, p)));
+                }
+            }
+        }
+        KvSpan { len: b - a, n_layer, n_head, head_dim, data }
+    }
+
+    /// Appends positions `from..to` of `span` at positions `len()..`: the K/V bits a forward pass
+    /// over the same tokens at the same positions would have written.
+    pub fn append_span(&mut self, span: &KvSpan, from: usize, to: usize) -> Result<()> {
+        assert!(from <= to && to <= span.len, "positions {from}..{to} of a span of {}", span.len);
+        let s = self.shape;
+        assert!(span.n_layer == s.n_layer && span.n_head == s.n_head && span.head_dim == s.head_dim);
+        self.reserve(to - from)?;
+        let (hs, p) = (s.head_dim, self.len);
+        for l in 0..s.n_layer {
+            for part in 0..2 {
+                for h in 0..s.n_head {
+                    let src = span.head(l, part, h);
+                    for i in from..to {
+                        self.row_mut(l, part, h, p + i - from).copy_from_slice(&src[i * hs..(i + 1) * hs]);
+                    }
+                }
+            }
+        }
+        self.len += to - from;
+        Ok(())
+    }
+
+    /// Forgets positions `len..` (the next token goes at position `len`), and gives back the
+    /// blocks that held only them.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.blocks.truncate(self.shape.blocks_for(self.len));
+    }
+
+    /// Adds `delta` to value `i` of head `h`'s row of layer `l`'s K or V at position `p`, for
+    /// tests that corrupt a cache on purpose.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn nudge(&mut self, l: usize, which: KvPart, h: usize, p: usize, i: usize, delta: f32) {
+        assert!(p < self.len, "position {p} of a cache holding {}", self.len);
+        let j = p / self.shape.positions;
+        if self.shared(j) {
+            self.copy_block(j).expect("a block to copy into");
+        }
+        self.row_mut(l, which as usize, h, p)[i] += delta;
+    }
+}
+
+/// One layer's K and V in a cache's blocks, as [`kvgpt_kernels::attention_blocks`] reads them.
+pub struct LayerBlocks<'a> {
+    blocks: &'a [Arc<Block>],
+    shape: BlockShape,
+    l: usize,
+}
+
+impl KvBlocks for LayerBlocks<'_> {
+    #[inline]
+    fn block(&self) -> usize {
+        self.shape.positions
+    }
+    #[inline]
+    fn k(&self, j: usize, h: usize) -> &[f32] {
+        let n = self.shape.positions * self.shape.head_dim;
+        &self.blocks[j].data()[self.shape.row(self.l, 0, h, 0)..][..n]
+    }
+    #[inline]
+    fn v(&self, j: usize, h: usize) -> &[f32] {
+        let n = self.shape.positions * self.shape.head_dim;
+        &self.blocks[j].data()[self.shape.row(self.l, 1, h, 0)..][..n]
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

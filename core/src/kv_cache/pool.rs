@@ -1,0 +1,135 @@
+//! The K/V memory: a pool of fixed-size blocks, each holding every layer's K and V for `B`
+//! consecutive positions. Caches hold blocks by reference count (`Arc<Block>`): a block shared
+//! by several caches and the prompt cache is one block in memory, and it goes back to the pool
+//! when the last holder lets go (its buffer is kept for the next block, so a pool that has run
+//! once allocates nothing more). The pool never holds more than its `total` blocks.
+
+use crate::config::Config;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Positions per block unless a command says otherwise (`--kv-block-size`), as vLLM's default.
+pub const DEFAULT_BLOCK: usize = 16;
+
+/// What one block holds: `positions` positions of every layer's K and V, `[L, 2, NH, B, HS]` f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Positions per block (`B`).
+    pub positions: usize,
+}
+
+impl BlockShape {
+    pub fn of(cfg: &Config, positions: usize) -> BlockShape {
+        BlockShape { n_layer: cfg.n_layer, n_head: cfg.n_head, head_dim: cfg.head_dim(), positions }
+    }
+
+    /// Floats in one block.
+    pub fn floats(&self) -> usize {
+        self.n_layer * 2 * self.n_head * self.positions * self.head_dim
+    }
+
+    /// Bytes in one block.
+    pub fn bytes(&self) -> usize {
+        self.floats() * 4
+    }
+
+    /// Where head `h`'s row `r` of layer `l`'s K (`part` 0) or V (1) starts in a block.
+    pub(super) fn row(&self, l: usize, part: usize, h: usize, r: usize) -> usize {
+        (((l * 2 + part) * self.n_head + h) * self.positions + r) * self.head_dim
+    }
+
+    /// Blocks that hold `positions` positions.
+    pub fn blocks_for(&self, positions: usize) -> usize {
+        positions.div_ceil(self.positions)
+    }
+}
+
+/// One block of K/V memory, back to its pool when dropped.
+pub struct Block {
+    data: Box<[f32]>,
+    pool: Arc<Shared>,
+}
+
+impl Block {
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+
+    pub(super) fn data_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        let data = std::mem::take(&mut self.data);
+        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(data);
+        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct Shared {
+    shape: BlockShape,
+    total: usize,
+    /// Buffers of blocks that were given back, for the next ones.
+    free: Mutex<Vec<Box<[f32]>>>,
+    /// Blocks handed out and not yet given back.
+    in_use: AtomicUsize,
+}
+
+/// A pool of at most `total` blocks of one shape, shared by whoever clones it.
+#[derive(Clone)]
+pub struct Pool(Arc<Shared>);
+
+impl Pool {
+    /// A pool of at most `total` blocks of `positions` positions each, for the model `cfg`.
+    pub fn new(cfg: &Config, positions: usize, total: usize) -> Pool {
+        let shape = BlockShape::of(cfg, positions.max(1));
+        Pool(Arc::new(Shared { shape, total, free: Mutex::new(Vec::new()), in_use: AtomicUsize::new(0) }))
+    }
+
+    pub fn shape(&self) -> BlockShape {
+        self.0.shape
+    }
+
+    /// Blocks the pool may hold.
+    pub fn total_blocks(&self) -> usize {
+        self.0.total
+    }
+
+    /// Blocks held by caches (or the prompt cache) now.
+    pub fn used_blocks(&self) -> usize {
+        self.0.in_use.load(Ordering::Relaxed)
+    }
+
+    /// Blocks that can be handed out now.
+    pub fn free_blocks(&self) -> usize {
+        self.0.total.saturating_sub(self.used_blocks())
+    }
+
+    /// A block (its contents are whatever it last held), or None when all are in use.
+    pub(super) fn alloc(&self) -> Option<Arc<Block>> {
+        let s = &self.0;
+        let mut taken = s.in_use.load(Ordering::Relaxed);
+        loop {
+            if taken >= s.total {
+                return None;
+            }
+            match s.in_use.compare_exchange_weak(taken, taken + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break,
+                Err(now) => taken = now,
+            }
+        }
+        let reused = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let data = reused.unwrap_or_else(|| vec![0.0; s.shape.floats()].into_boxed_slice());
+        Some(Arc::new(Block { data, pool: s.clone() }))
+    }
+
+    /// Whether two handles are the same pool.
+    pub fn same(&self, other: &Pool) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
