@@ -25,9 +25,14 @@ pub struct ServeArgs {
     /// Sequences decoded at once (each choice of each request is one).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
-    /// Megabytes of K/V the prompt cache may hold (0 turns it off).
+    /// Megabytes (MiB) of K/V the prompt cache may hold (0 turns it off).
     #[arg(long, default_value_t = 256)]
     pub cache_mb: u32,
+    /// Megabytes (MiB, decimals allowed) of the one K/V pool that running sequences and the prompt
+    /// cache share, in blocks of --kv-block-size positions. Default: every slot at the full
+    /// context plus --cache-mb.
+    #[arg(long, value_name = "MB", value_parser = parse_mb)]
+    pub kv_mb: Option<f64>,
     /// Sequences that may wait for a slot (each choice of each prompt is one); past that, 503 with
     /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
@@ -86,7 +91,8 @@ pub struct KvEventArgs {
     /// The events' topic (the first frame of every message; vllm-router's static sources use "").
     #[arg(long, value_name = "TOPIC", default_value = "")]
     pub kv_events_topic: String,
-    /// Tokens per block in the events (a router counts whole blocks; vllm-router's default is 16).
+    /// Positions per K/V block of the pool, and tokens per block in the KV events (a router counts
+    /// whole blocks; vllm-router's default is 16).
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub kv_block_size: u32,
 }
@@ -95,6 +101,14 @@ pub struct KvEventArgs {
 pub enum LogFormatArg {
     Text,
     Json,
+}
+
+/// A positive, finite number of megabytes.
+fn parse_mb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(mb) if mb.is_finite() && mb > 0.0 && mb <= 1e9 => Ok(mb),
+        _ => Err(format!("'{s}' is not a size in megabytes: give a number above 0, e.g. 256 or 0.5")),
+    }
 }
 
 pub fn run(a: &ServeArgs) -> Result<()> {
@@ -118,6 +132,7 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
         port: a.port,
         parallel: usize::from(a.parallel),
         cache_bytes: a.cache_mb as usize * (1 << 20),
+        kv_bytes: a.kv_mb.map(|mb| (mb * (1u64 << 20) as f64) as usize),
         max_queue: a.max_queue as usize,
         api_key: api_key(a)?,
         batch_tokens: usize::from(a.batch_tokens),

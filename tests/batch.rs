@@ -161,11 +161,9 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
         [(p2.ids[..20].to_vec(), 19), (p2.ids[..60].to_vec(), 59), (p2.ids[..88].to_vec(), 60), (diverged, 30)]
     {
         let mut warm = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
-        let kvgpt_core::prefix_cache::Lookup { len, spans, hold, .. } = cache.lookup(warm.ids());
+        let kvgpt_core::prefix_cache::Lookup { len, blocks, hold, .. } = cache.lookup(warm.ids());
         assert_eq!(len, want_hit, "reuse stops at the first differing token, and before the last");
-        for span in spans {
-            warm.restore(span, 0, span.len).unwrap();
-        }
+        warm.map_prefix(&blocks, len).unwrap();
         cache.release(hold);
         warm.feed(model, &mut scratch).unwrap();
         let mut cold = Sequence::new(model, &ids, 1, Sampling::GREEDY).unwrap();
@@ -182,8 +180,7 @@ fn prompt_cache_prefixes_equal_cold_prefill() {
         cache.insert(warm.ids(), warm.cache());
     }
     // A budget of one entry evicts the least recently used, never a held one.
-    let one = cache.bytes();
-    let mut small = PrefixCache::new(one / 2);
+    let mut small = PrefixCache::new(first.cache().bytes() / 2);
     small.insert(first.ids(), first.cache());
     assert_eq!(small.bytes(), 0, "an entry over the budget is not kept");
     assert!(small.stats.evicted_nodes == 1);
@@ -263,6 +260,8 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
                     max_queue: 0,
                     draft: None,
                     kv_event_block_size: None,
+                    kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+                    kv_bytes: None,
                 },
             )
         };
@@ -298,6 +297,8 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
             max_queue: 0,
             draft: None,
             kv_event_block_size: None,
+            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+            kv_bytes: None,
         },
     );
     let prompts = reference.prompts();
@@ -335,6 +336,8 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
                 max_queue: 0,
                 draft: None,
                 kv_event_block_size: None,
+                kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+                kv_bytes: None,
             },
         )
     };
@@ -370,6 +373,8 @@ fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
         max_queue: 1,
         draft: None,
         kv_event_block_size: None,
+        kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+        kv_bytes: None,
     };
     let engine::Spawned { handle: h, thread, .. } = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
     let req = Request {

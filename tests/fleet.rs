@@ -307,11 +307,11 @@ fn replicas_behind_sglang_router_register_by_their_server_info_and_answer_as_hf(
 
 /// The gauges the Inference Extension's endpoint picker reads, under vLLM's names, agree with
 /// what the engine holds while a request runs: its one slot running, three choices waiting, the K/V
-/// usage as the fraction of the slot's limit, and the block count of 1 slot × 128 positions in
-/// blocks of 16.
+/// usage as the pool's blocks in use over all of them, and the pool's blocks: `--kv-mb 0.125` is
+/// 128 KiB, 8 blocks of 16 positions of the tiny model's 1 KiB per position.
 #[test]
 fn the_inference_extension_gauges_agree_with_what_the_engine_holds() {
-    let s = Server::start(&["--parallel", "1", "--kv-block-size", "16"]);
+    let s = Server::start(&["--parallel", "1", "--kv-block-size", "16", "--kv-mb", "0.125"]);
     let stream = s.open_stream(&json!({"prompt": "The cat", "max_tokens": 120, "n": 4, "ignore_eos": true,
         "stream": true}));
     let value = |text: &str, name: &str| -> f64 {
@@ -333,7 +333,8 @@ fn the_inference_extension_gauges_agree_with_what_the_engine_holds() {
     assert_eq!(value(&text, "vllm:num_requests_waiting"), value(&text, "kvgpt_requests_waiting"));
     let usage = value(&text, "vllm:kv_cache_usage_perc");
     assert!(usage > 0.0 && usage <= 1.0, "{usage}");
-    assert_eq!(usage, value(&text, "kvgpt_kv_cache_bytes") / value(&text, "kvgpt_kv_cache_limit_bytes"));
+    assert_eq!(usage, value(&text, "kvgpt_kv_blocks_used") / 8.0);
+    assert_eq!(value(&text, "kvgpt_kv_cache_limit_bytes"), 131072.0);
     assert!(text.contains("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"8\"} 1"), "{text}");
     assert!(text.contains("vllm:lora_requests_info{max_lora=\"0\""), "{text}");
     finish_stream(stream, 4);

@@ -310,6 +310,8 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
             max_queue: 8,
             draft,
             kv_event_block_size: None,
+            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+            kv_bytes: None,
         };
         let engine::Spawned { handle: h, thread, .. } =
             engine::spawn(model.clone(), cfg, Box::new(NoMonitor), None).unwrap();

@@ -3,15 +3,21 @@
 //!
 //! Why a radix tree: reuse must stop exactly at the first token that differs (hashed blocks
 //! would stop at the last whole block before it), and prompts that share a system prompt but
-//! differ after it share one node for the common part. Each node holds the K/V of its edge's
-//! positions (`KvSpan`); a node's positions are fixed by its depth, since GPT-2's learned
-//! positions are baked into every layer's K/V: only exact prefixes at the same positions are
-//! reused, never shifted.
+//! differ after it share one node for the common part. Each node holds, by reference count, the
+//! K/V blocks its edge's positions lie in (the first and last possibly shared with its parent
+//! and children, or partly filled); a node's positions are fixed by its depth, since GPT-2's
+//! learned positions are baked into every layer's K/V: only exact prefixes at the same positions
+//! are reused, never shifted.
 //!
-//! Memory: entries are copies. A request that hits copies the matched K/V into its own cache
-//! (a memcpy of ~36 KB per token at DistilGPT-2's size, against a forward pass per token), so the
-//! attention kernel and its fixed order stay as they are. The tree's bytes stay within a budget;
-//! past it, the least recently used leaves that no running request holds are evicted.
+//! Memory: nothing is copied. A hit maps the matched blocks into the sequence's block table
+//! (`KvCache::map_prefix`); the sequence copies only a partly matched last block, when it first
+//! writes into it (copy on write). For each logical block the deepest node of the matched path
+//! that holds one gives it: whoever computed that block computed the same tokens at the same
+//! positions before it, so its bits are the ones a forward pass would write (kvgpt's exactness
+//! is what makes a block from another request as good as one's own). The tree's bytes stay within
+//! a budget; past it (or when the pool needs blocks), the least recently used leaves that no
+//! running request holds are evicted, and a block goes back to the pool when no sequence maps it
+//! either.
 //!
 //! A full hit still needs the next-token logits: [`PrefixCache::lookup`] matches at most
 //! `len - 1` tokens, so the last prompt position is always computed (one decode-sized step)
@@ -27,7 +33,8 @@
 //! this server holds) can ask for a journal of [`Change`]s: a prefix became held, or stopped being
 //! held, past a position. Splits change nothing a lookup can find, so they are not changes.
 
-use crate::kv_cache::{KvCache, KvSpan};
+use crate::kv_cache::{Block, BlockShape, KvCache};
+use std::sync::Arc;
 
 mod reuse;
 pub use reuse::{ReuseStop, StopReason};
@@ -37,7 +44,8 @@ const ROOT: usize = 0;
 struct Node {
     /// The edge's tokens, at positions `depth..depth + tokens.len()`.
     tokens: Vec<u32>,
-    kv: KvSpan,
+    /// The blocks those positions lie in: logical blocks `depth / B ..= (end − 1) / B`.
+    blocks: Vec<Arc<Block>>,
     depth: usize,
     parent: usize,
     children: Vec<usize>,
@@ -47,12 +55,6 @@ struct Node {
     alive: bool,
 }
 
-impl Node {
-    fn bytes(&self) -> usize {
-        self.kv.bytes() + 4 * self.tokens.len()
-    }
-}
-
 /// A matched prefix that may not be evicted until [`PrefixCache::release`].
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a hold keeps its prefix in the cache until it is released"]
@@ -60,11 +62,12 @@ pub struct Hold {
     ids: Vec<u32>,
 }
 
-/// What a lookup found: `len` tokens, whose K/V are the `spans` in order (each whole), the
-/// hold that keeps them, and where and why reuse stopped.
-pub struct Lookup<'a> {
+/// What a lookup found: `len` tokens, whose K/V are in `blocks` (logical blocks
+/// `0..ceil(len / B)`, to map into a sequence's table), the hold that keeps them, and where and
+/// why reuse stopped.
+pub struct Lookup {
     pub len: usize,
-    pub spans: Vec<&'a KvSpan>,
+    pub blocks: Vec<Arc<Block>>,
     pub hold: Hold,
     pub stop: ReuseStop,
 }
@@ -92,7 +95,8 @@ pub struct PrefixCache {
     nodes: Vec<Node>,
     free: Vec<usize>,
     budget: usize,
-    used: usize,
+    /// The blocks' shape, from the first cache inserted (every later one must match).
+    shape: Option<BlockShape>,
     clock: u64,
     pub stats: CacheStats,
     /// The changes since the last [`PrefixCache::take_changes`], when someone asked for them.
@@ -104,7 +108,7 @@ impl PrefixCache {
     pub fn new(budget: usize) -> PrefixCache {
         let root = Node {
             tokens: vec![],
-            kv: KvSpan { len: 0, n_layer: 0, n_head: 0, head_dim: 0, data: vec![] },
+            blocks: vec![],
             depth: 0,
             parent: ROOT,
             children: vec![],
@@ -116,7 +120,7 @@ impl PrefixCache {
             nodes: vec![root],
             free: vec![],
             budget,
-            used: 0,
+            shape: None,
             clock: 0,
             stats: CacheStats::default(),
             journal: None,
@@ -150,8 +154,45 @@ impl PrefixCache {
         edges.into_iter().rev().flatten().copied().collect()
     }
 
+    /// Bytes held: the blocks (one shared with the parent counted there) and the token ids.
     pub fn bytes(&self) -> usize {
-        self.used
+        let block = self.shape.map_or(0, |s| s.bytes());
+        self.nodes.iter().skip(1).filter(|n| n.alive).map(|n| self.own_blocks(n) * block + 4 * n.tokens.len()).sum()
+    }
+
+    /// Blocks node `n` holds that its parent does not (its first may be the parent's last).
+    fn own_blocks(&self, n: &Node) -> usize {
+        let parent_last = self.nodes[n.parent].blocks.last();
+        let shared = n.blocks.first().zip(parent_last).is_some_and(|(a, b)| Arc::ptr_eq(a, b));
+        n.blocks.len() - usize::from(shared)
+    }
+
+    /// Blocks that evicting every leaf nobody holds would give back to the pool now (those the
+    /// tree alone holds).
+    pub fn evictable_blocks(&self) -> usize {
+        let alone = |b: &Arc<Block>| Arc::strong_count(b) == 1;
+        self.nodes
+            .iter()
+            .skip(1)
+            .filter(|n| n.alive && n.refs == 0)
+            .map(|n| n.blocks.iter().filter(|b| alone(b)).count())
+            .sum()
+    }
+
+    /// The blocks of the path `path` (nodes from the root, whole), one per logical block of its
+    /// `len` positions: each from the deepest node that holds it.
+    fn path_blocks(&self, path: &[(usize, usize)], len: usize) -> Vec<Arc<Block>> {
+        let Some(b) = self.shape.map(|s| s.positions) else { return vec![] };
+        let mut out: Vec<Option<&Arc<Block>>> = vec![None; len.div_ceil(b)];
+        for &(c, _) in path {
+            let n = &self.nodes[c];
+            for (i, block) in n.blocks.iter().enumerate() {
+                if let Some(slot) = out.get_mut(n.depth / b + i) {
+                    *slot = Some(block);
+                }
+            }
+        }
+        out.into_iter().map(|b| b.expect("a matched path holds every block of its positions").clone()).collect()
     }
 
     /// Tokens held (the sum of every edge's length).
@@ -161,13 +202,13 @@ impl PrefixCache {
 
     /// The longest cached prefix of `ids`, at most `len - 1` tokens (the last position is always
     /// computed, for its logits), in one descent: its length, its K/V spans and a hold on them.
-    pub fn lookup(&mut self, ids: &[u32]) -> Lookup<'_> {
+    pub fn lookup(&mut self, ids: &[u32]) -> Lookup {
         self.lookup_upto(ids, ids.len().saturating_sub(1))
     }
 
     /// [`PrefixCache::lookup`] of at most the first `max` tokens: a plan that already knows how
     /// many the cache gives ([`PrefixCache::peek`]) takes exactly those.
-    pub fn lookup_upto(&mut self, ids: &[u32], max: usize) -> Lookup<'_> {
+    pub fn lookup_upto(&mut self, ids: &[u32], max: usize) -> Lookup {
         self.clock += 1;
         self.stats.lookups += 1;
         let path = self.descend(ids, max.min(ids.len().saturating_sub(1)));
@@ -186,8 +227,8 @@ impl PrefixCache {
         if len > 0 {
             self.stats.hits += 1;
         }
-        let spans = path.iter().map(|&(c, _)| &self.nodes[c].kv).collect();
-        Lookup { len, spans, hold: Hold { ids: ids[..len].to_vec() }, stop }
+        let blocks = self.path_blocks(&path, len);
+        Lookup { len, blocks, hold: Hold { ids: ids[..len].to_vec() }, stop }
     }
 
     /// How many tokens of `ids` a lookup would take from the cache now (nothing is touched).
@@ -224,10 +265,16 @@ impl PrefixCache {
         self.nodes[node].children.iter().copied().find(|&c| self.nodes[c].tokens[0] == first)
     }
 
-    /// Stores the K/V of `ids[..cache.len()]` (what the cache holds of that sequence), sharing
-    /// the nodes it has in common with earlier entries, then evicts down to the budget.
+    /// Stores the K/V of `ids[..cache.len()]` (what the cache holds of that sequence) by taking
+    /// a reference to its blocks, sharing the nodes it has in common with earlier entries, then
+    /// evicts down to the budget. A cache in blocks of another shape than the tree's is not
+    /// stored.
     pub fn insert(&mut self, ids: &[u32], cache: &KvCache) {
+        if *self.shape.get_or_insert(cache.shape()) != cache.shape() {
+            return;
+        }
         let end = cache.len().min(ids.len());
+        let b = cache.shape().positions;
         self.clock += 1;
         let path = self.descend(ids, end);
         let mut len = 0;
@@ -242,7 +289,7 @@ impl PrefixCache {
         if len < end {
             let leaf = Node {
                 tokens: ids[len..end].to_vec(),
-                kv: cache.span(len, end),
+                blocks: cache.blocks()[len / b..end.div_ceil(b)].to_vec(),
                 depth: len,
                 parent: node,
                 children: vec![],
@@ -251,7 +298,6 @@ impl PrefixCache {
                 alive: true,
             };
             self.stats.inserted_tokens += (end - len) as u64;
-            self.used += leaf.bytes();
             let id = self.alloc(leaf);
             self.nodes[node].children.push(id);
             self.note(|_| Change::Stored { ids: ids[..end].to_vec(), from: len });
@@ -262,12 +308,16 @@ impl PrefixCache {
     /// Splits node `c` after `m` of its tokens: a new node takes the tail and `c`'s children,
     /// and is held by whoever holds `c`.
     fn split(&mut self, c: usize, m: usize) {
+        let b = self.shape.map_or(1, |s| s.positions);
+        let (depth, end) = (self.nodes[c].depth, self.nodes[c].depth + m);
         let tail_tokens = self.nodes[c].tokens.split_off(m);
-        let tail_kv = self.nodes[c].kv.split_off(m);
+        // The block holding position `end` goes to both halves when `end` is inside it.
+        let tail_blocks = self.nodes[c].blocks[end / b - depth / b..].to_vec();
+        self.nodes[c].blocks.truncate(end.div_ceil(b) - depth / b);
         let n = &self.nodes[c];
         let tail = Node {
             tokens: tail_tokens,
-            kv: tail_kv,
+            blocks: tail_blocks,
             depth: n.depth + m,
             parent: c,
             children: n.children.clone(),
@@ -297,26 +347,42 @@ impl PrefixCache {
 
     /// Evicts least recently used leaves that no request holds until at most `bytes` are used.
     pub fn evict_to(&mut self, bytes: usize) {
-        while self.used > bytes {
-            let victim = (1..self.nodes.len())
-                .filter(|&i| {
-                    let n = &self.nodes[i];
-                    n.alive && n.children.is_empty() && n.refs == 0
-                })
-                .min_by_key(|&i| self.nodes[i].last_used);
-            let Some(v) = victim else { break }; // everything left is held
-            self.note(|c| Change::Removed { ids: c.path_ids(v), from: c.nodes[v].depth });
-            let parent = self.nodes[v].parent;
-            self.nodes[parent].children.retain(|&c| c != v);
-            let n = &mut self.nodes[v];
-            self.used -= n.bytes();
-            self.stats.evicted_nodes += 1;
-            self.stats.evicted_tokens += n.tokens.len() as u64;
-            n.alive = false;
-            n.tokens = vec![];
-            n.kv.data = vec![];
-            self.free.push(v);
-        }
+        while self.bytes() > bytes && self.evict_one() {}
+    }
+
+    /// Evicts the least recently used leaf that no request holds (its blocks go back to the pool
+    /// unless a sequence maps them); false when everything left is held.
+    pub fn evict_one(&mut self) -> bool {
+        self.evict_lru(false)
+    }
+
+    /// Evicts the least recently used leaf that no request holds and that gives at least one
+    /// block back to the pool (one no sequence maps); false when there is none. For a pool that
+    /// needs blocks: a leaf whose blocks every sequence still maps would free nothing.
+    pub fn evict_for_pool(&mut self) -> bool {
+        self.evict_lru(true)
+    }
+
+    fn evict_lru(&mut self, freeing: bool) -> bool {
+        let frees = |n: &Node| !freeing || n.blocks.iter().any(|b| Arc::strong_count(b) == 1);
+        let victim = (1..self.nodes.len())
+            .filter(|&i| {
+                let n = &self.nodes[i];
+                n.alive && n.children.is_empty() && n.refs == 0 && frees(n)
+            })
+            .min_by_key(|&i| self.nodes[i].last_used);
+        let Some(v) = victim else { return false };
+        self.note(|c| Change::Removed { ids: c.path_ids(v), from: c.nodes[v].depth });
+        let parent = self.nodes[v].parent;
+        self.nodes[parent].children.retain(|&c| c != v);
+        let n = &mut self.nodes[v];
+        self.stats.evicted_nodes += 1;
+        self.stats.evicted_tokens += n.tokens.len() as u64;
+        n.alive = false;
+        n.tokens = vec![];
+        n.blocks = vec![];
+        self.free.push(v);
+        true
     }
 }
 

@@ -74,6 +74,8 @@ impl Engine {
             max_queue: MAX_QUEUE,
             draft: None,
             kv_event_block_size: None,
+            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
+            kv_bytes: None,
         };
         let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
             .map_err(|e| PyRuntimeError::new_err(format!("could not start the engine thread: {e}")))?;

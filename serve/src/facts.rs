@@ -29,9 +29,8 @@ pub struct Facts {
     draft_weights: usize,
     kv_limit: usize,
     cache_bytes: usize,
-    /// The model's K/V positions over every slot at full context, and its bytes.
+    /// Positions the K/V pool holds (its blocks × their positions).
     slot_positions: usize,
-    bytes_per_position: usize,
     /// The KV-cache events' block size.
     block_size: usize,
     /// The draft: its name, and the startup line's words on it.
@@ -69,19 +68,12 @@ impl Facts {
             dtype: model.weights_dtype().to_string(),
             weights: model.weight_bytes(),
             draft_weights: cfg.draft.as_ref().map_or(0, |d| d.weight_bytes()),
-            kv_limit: cfg.kv_limit(model),
+            kv_limit: cfg.kv_blocks(model) * cfg.kv_block_size * KvCache::bytes_per_position(&model.config),
             cache_bytes: cfg.cache_bytes,
-            slot_positions: cfg.parallel * model.config.n_positions,
-            bytes_per_position: KvCache::bytes_per_position(&model.config),
-            block_size: o.kv_events.block_size,
+            slot_positions: cfg.kv_blocks(model) * cfg.kv_block_size,
+            block_size: cfg.kv_block_size,
             draft,
         }
-    }
-
-    /// The model's K/V over every slot at full context (a draft's caches not counted: the
-    /// engine's gauges hold none).
-    pub fn kv_limit_model(&self) -> usize {
-        self.slot_positions * self.bytes_per_position
     }
 
     /// The metrics' fixed gauges.
@@ -105,10 +97,11 @@ impl Facts {
             }
             None => (String::new(), String::new()),
         };
-        let total = self.weights + self.draft_weights + self.kv_limit + self.cache_bytes;
+        let total = self.weights + self.draft_weights + self.kv_limit;
         format!(
             "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {:.1} MB{draft_memory} \
-             + K/V of {} ≤ {:.1} MB + prompt cache ≤ {:.1} MB = ≤ {:.1} MB",
+             + one K/V pool of {} blocks of {} positions = {:.1} MB for {} and the prompt cache (≤ {:.1} MB of it) \
+             = {:.1} MB",
             self.files_name,
             self.local,
             self.n_positions,
@@ -116,8 +109,10 @@ impl Facts {
             self.isa,
             self.dtype,
             mb(self.weights),
-            count(self.parallel, "slot"),
+            self.slot_positions / self.block_size.max(1),
+            self.block_size,
             mb(self.kv_limit),
+            count(self.parallel, "slot"),
             mb(self.cache_bytes),
             mb(total)
         )

@@ -102,12 +102,14 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         max_queue: o.max_queue,
         draft: drafting.map(|d| d.config),
         kv_event_block_size: publisher.as_ref().map(|_| o.kv_events.block_size),
+        kv_block_size: o.kv_events.block_size,
+        kv_bytes: o.kv_bytes,
     };
     let threads = pool.current_num_threads();
     let facts = Facts::new(o, local, &loaded, &engine_cfg, (threads, draft_name.as_deref()));
     app.metrics.limits(&facts.limits());
     let model = Arc::new(loaded.model);
-    let monitor = Box::new(app.metrics.monitor(facts.kv_limit_model()));
+    let monitor = Box::new(app.metrics.monitor());
     let spawned =
         engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("could not start the engine thread")?;
     if let (Some(p), Some(events)) = (publisher, spawned.kv_events) {

@@ -40,6 +40,10 @@ const COUNTERS: &[(&str, &str)] = &[
     ("kvgpt_spec_decode_num_drafts_total", "verify steps of finished sequences that checked drafted tokens"),
     ("kvgpt_spec_decode_num_draft_tokens_total", "tokens drafted"),
     ("kvgpt_kv_event_batches_total", "KV-cache event batches published (--kv-events)"),
+    (
+        "vllm:num_preemptions_total",
+        "sequences preempted for K/V memory: blocks dropped, recomputed later (vLLM's name)",
+    ),
     ("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored"),
     ("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed"),
     (
@@ -52,8 +56,13 @@ const COUNTERS: &[(&str, &str)] = &[
 const GAUGES: &[(&str, &str)] = &[
     ("kvgpt_requests_running", "sequences in the running batch"),
     ("kvgpt_requests_waiting", "sequences waiting for a slot"),
-    ("kvgpt_kv_cache_bytes", "K/V bytes held by running sequences"),
-    ("kvgpt_kv_cache_limit_bytes", "K/V bytes all slots may hold"),
+    ("kvgpt_kv_cache_bytes", "K/V bytes of the blocks running sequences map (a shared block once)"),
+    ("kvgpt_kv_cache_limit_bytes", "K/V bytes of the pool (--kv-mb)"),
+    ("kvgpt_kv_blocks_used", "blocks of the K/V pool in use, by running sequences or the prompt cache"),
+    (
+        "kvgpt_kv_blocks_shared",
+        "blocks a running sequence maps that another holder (a sequence, the prompt cache) holds too",
+    ),
     ("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache"),
     ("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)"),
     ("kvgpt_prompt_cache_tokens", "positions held by the prompt cache"),
@@ -62,11 +71,8 @@ const GAUGES: &[(&str, &str)] = &[
     ("kvgpt_draining", "1 after SIGTERM: new work is refused, /health answers 503"),
     ("vllm:num_requests_running", "sequences in the running batch (vLLM's name)"),
     ("vllm:num_requests_waiting", "sequences waiting for a slot (vLLM's name)"),
-    (
-        "vllm:kv_cache_usage_perc",
-        "K/V reserved by running sequences over what all slots may hold, 0 to 1 (vLLM's name)",
-    ),
-    ("vllm:cache_config_info", "the K/V block size and how many blocks all slots hold"),
+    ("vllm:kv_cache_usage_perc", "blocks of the K/V pool in use over all its blocks, 0 to 1 (vLLM's name)"),
+    ("vllm:cache_config_info", "the K/V pool's block size and its number of blocks"),
     ("vllm:lora_requests_info", "LoRA adapters (none: kvgpt serves one model)"),
 ];
 
@@ -97,6 +103,7 @@ const ZEROED_COUNTERS: &[&str] = &[
     "kvgpt_kv_event_batches_total",
     "kvgpt_kv_event_blocks_stored_total",
     "kvgpt_kv_event_blocks_removed_total",
+    "vllm:num_preemptions_total",
 ];
 
 /// Gauges present from the first scrape, at zero.
@@ -104,6 +111,8 @@ const ZEROED_GAUGES: &[&str] = &[
     "kvgpt_requests_running",
     "kvgpt_requests_waiting",
     "kvgpt_kv_cache_bytes",
+    "kvgpt_kv_blocks_used",
+    "kvgpt_kv_blocks_shared",
     "kvgpt_prompt_cache_bytes",
     "kvgpt_prompt_cache_tokens",
     "kvgpt_draining",
@@ -226,10 +235,9 @@ impl Metrics {
         self.with(|| histogram!("kvgpt_request_duration_seconds").record(d.as_secs_f64()));
     }
 
-    /// The engine thread's observer: the model's K/V for every slot at full context is
-    /// `kv_limit` bytes (a draft model's caches not counted: the engine's `kv_bytes` holds none).
-    pub fn monitor(&self, kv_limit: usize) -> EngineMonitor {
-        EngineMonitor { metrics: self.clone(), kv_limit }
+    /// The engine thread's observer.
+    pub fn monitor(&self) -> EngineMonitor {
+        EngineMonitor { metrics: self.clone() }
     }
 }
 
@@ -247,13 +255,12 @@ pub struct Limits {
 
 pub struct EngineMonitor {
     metrics: Metrics,
-    kv_limit: usize,
 }
 
 impl Monitor for EngineMonitor {
     fn step(&mut self, g: &Gauges) {
-        // K/V reserved by the running sequences (each sized to its prompt and max_tokens).
-        let usage = g.kv_bytes as f64 / self.kv_limit.max(1) as f64;
+        // The pool's blocks in use (by running sequences or the prompt cache) over all of them.
+        let usage = g.pool_used as f64 / g.pool_blocks.max(1) as f64;
         *self.metrics.last.lock().expect("the last gauges") = *g;
         self.metrics.with(|| {
             gauge!("kvgpt_requests_running").set(g.running as f64);
@@ -262,6 +269,9 @@ impl Monitor for EngineMonitor {
             gauge!("vllm:num_requests_waiting").set(g.waiting as f64);
             gauge!("vllm:kv_cache_usage_perc").set(usage);
             gauge!("kvgpt_kv_cache_bytes").set(g.kv_bytes as f64);
+            gauge!("kvgpt_kv_blocks_used").set(g.pool_used as f64);
+            gauge!("kvgpt_kv_blocks_shared").set(g.blocks_shared as f64);
+            counter!("vllm:num_preemptions_total").absolute(g.preemptions);
             gauge!("kvgpt_prompt_cache_bytes").set(g.cache_bytes as f64);
             gauge!("kvgpt_prompt_cache_tokens").set(g.cache_tokens as f64);
             counter!("kvgpt_prompt_cache_evictions_total").absolute(g.stats.evicted_nodes);

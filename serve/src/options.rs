@@ -21,6 +21,8 @@ pub struct ServeOptions {
     pub parallel: usize,
     /// Bytes of K/V the prompt cache may hold (0 turns it off).
     pub cache_bytes: usize,
+    /// Bytes of the K/V pool (None: every slot at the full context and the prompt cache).
+    pub kv_bytes: Option<usize>,
     /// Sequences that may wait for a slot.
     pub max_queue: usize,
     /// The key every endpoint but /health requires.

@@ -38,9 +38,7 @@ pub fn replay(model: &Model, prompts: &[Vec<u32>]) -> Result<Vec<Replayed>> {
         let (cold, cold_logits) = prefill(model, &mut Sequence::new(model, ids, 1, Sampling::GREEDY)?)?;
         let found = cache.lookup(ids);
         let mut seq = Sequence::new(model, ids, 1, Sampling::GREEDY)?;
-        for span in &found.spans {
-            seq.restore(span, 0, span.len)?;
-        }
+        seq.map_prefix(&found.blocks, found.len)?;
         let (stop, hold) = (found.stop, found.hold);
         let (warm, logits) = prefill(model, &mut seq)?;
         cache.insert(ids, seq.cache());

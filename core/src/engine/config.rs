@@ -1,7 +1,7 @@
 //! How the engine runs, and what it reports to whoever observes it.
 
 use super::request::{Ending, Usage};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{BlockShape, KvCache};
 use crate::model::Model;
 use crate::prefix_cache::CacheStats;
 use crate::speculative::DraftConfig;
@@ -21,8 +21,13 @@ pub struct EngineConfig {
     /// Decode speculatively with this draft (each request that does not turn it off).
     pub draft: Option<DraftConfig>,
     /// Announce what the prompt cache stores and evicts as KV-cache events over blocks of this
-    /// many tokens ([`super::Spawned::kv_events`]; None: no events).
+    /// many tokens ([`super::Spawned::kv_events`]; None: no events). The pool's block size.
     pub kv_event_block_size: Option<usize>,
+    /// Positions per K/V block of the pool.
+    pub kv_block_size: usize,
+    /// Bytes of the one K/V pool that running sequences and the prompt cache share (None: as
+    /// much as every slot at the full context and the prompt cache's budget).
+    pub kv_bytes: Option<usize>,
 }
 
 impl EngineConfig {
@@ -32,10 +37,20 @@ impl EngineConfig {
         if self.parallel == 0 || self.batch_tokens == 0 {
             return Err("the engine needs at least one slot (parallel) and one row per step (batch_tokens)".into());
         }
-        if self.kv_event_block_size == Some(0) {
-            return Err("KV-event blocks need at least one token".into());
+        if self.kv_block_size == 0 {
+            return Err("K/V blocks need at least one position (kv_block_size)".into());
+        }
+        if self.kv_event_block_size.is_some_and(|b| b != self.kv_block_size) {
+            return Err("KV events count in the pool's blocks: kv_event_block_size must be kv_block_size".into());
         }
         Ok(())
+    }
+
+    /// Blocks of the K/V pool: `kv_bytes` (or its default) in blocks of the model's K/V.
+    pub fn kv_blocks(&self, model: &Model) -> usize {
+        let block = BlockShape::of(&model.config, self.kv_block_size.max(1)).bytes();
+        let bytes = self.kv_bytes.unwrap_or_else(|| self.kv_limit(model) + self.cache_bytes);
+        bytes / block.max(1)
     }
 
     /// The most K/V bytes the running sequences can hold: every slot at the full context (with
@@ -62,6 +77,13 @@ pub struct Gauges {
     /// K/V bytes of the running sequences' caches, and the positions they hold.
     pub kv_bytes: usize,
     pub kv_tokens: usize,
+    /// The pool: its blocks, those in use (by sequences or the prompt cache), those a running
+    /// sequence maps that another holder (a sequence, the prompt cache) holds too.
+    pub pool_blocks: usize,
+    pub pool_used: usize,
+    pub blocks_shared: usize,
+    /// Sequences preempted so far (their blocks dropped, recomputed later).
+    pub preemptions: u64,
     pub cache_bytes: usize,
     pub cache_tokens: usize,
     pub stats: CacheStats,

@@ -5,6 +5,7 @@ use super::command::Command;
 use super::request::{CancelReason, Events, Flushed, Request, SeqId, SubmitError};
 use super::slot::Waiting;
 use crate::error::Error;
+use crate::kv_cache::BlockShape;
 use crate::model::Model;
 use crate::sequence::check_prompt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +24,8 @@ pub struct EngineHandle {
     pub(super) parallel: usize,
     pub(super) max_queue: usize,
     pub(super) next_id: Arc<AtomicU64>,
+    /// The K/V pool's shape and blocks, to refuse what could never fit it.
+    pub(super) kv: (BlockShape, usize),
 }
 
 impl EngineHandle {
@@ -93,8 +96,16 @@ impl EngineHandle {
         self.inflight.load(Ordering::Relaxed)
     }
 
-    fn check(&self, r: &Request) -> Result<(), Error> {
+    fn check(&self, r: &Request) -> Result<(), SubmitError> {
         r.sampling.check().map_err(|e| Error::Invalid(e.to_string()))?;
-        check_prompt(&self.model, &r.prompt, r.max_new_tokens)
+        check_prompt(&self.model, &r.prompt, r.max_new_tokens)?;
+        let (shape, total) = self.kv;
+        let positions = r.prompt.len() + r.max_new_tokens.saturating_sub(1);
+        let need = shape.blocks_for(positions);
+        if need > total {
+            let pool_mb = (total * shape.bytes()) as f64 / (1u64 << 20) as f64;
+            return Err(SubmitError::TooBig { positions, need, block: shape.positions, total, pool_mb });
+        }
+        Ok(())
     }
 }

@@ -32,6 +32,7 @@ pub use policy::{Phase, Plan};
 pub use request::{CancelReason, Ending, Event, Events, Flushed, Request, SeqId, SubmitError, Usage};
 pub use text::{block_on, Delta, Ended, TextEvent, TextEvents};
 
+use crate::kv_cache::BlockShape;
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc};
@@ -55,6 +56,14 @@ pub fn spawn(
     pool: Option<rayon::ThreadPool>,
 ) -> std::io::Result<Spawned> {
     cfg.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    if cfg.kv_blocks(&model) == 0 {
+        let block = BlockShape::of(&model.config, cfg.kv_block_size).bytes();
+        let msg = format!(
+            "the K/V pool holds no block of {block} bytes: give --kv-mb at least {:.2}",
+            block as f64 / (1u64 << 20) as f64
+        );
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
+    }
     let (tx, rx) = mpsc::channel();
     let (events_tx, kv_events) = match cfg.kv_event_block_size {
         Some(size) => {
@@ -71,6 +80,7 @@ pub fn spawn(
         parallel: cfg.parallel,
         max_queue: cfg.max_queue,
         next_id: Arc::new(AtomicU64::new(1)),
+        kv: (BlockShape::of(&model.config, cfg.kv_block_size), cfg.kv_blocks(&model)),
     };
     let thread = std::thread::Builder::new().name("kvgpt-engine".into()).spawn(move || {
         let engine = driver::Engine::new(model, cfg, inflight, events_tx);

@@ -2,7 +2,10 @@
 //! cache holds to a [`Plan`] for one step. It decides; the runner executes.
 //!
 //! The rules, in order:
-//! 1. Admit waiting sequences, oldest first, while a slot is free.
+//! 1. Admit waiting sequences, oldest first, while a slot is free and the K/V pool can hold the
+//!    blocks of the prompt that the prompt cache does not give, plus a watermark (a sequence
+//!    that grows later gets its blocks then; when there are none, the driver preempts). With
+//!    nothing running the first always goes (the handle refused what the pool could never hold).
 //! 2. Start each admitted sequence from the longest prefix the prompt cache holds *now*, unless an
 //!    earlier sequence that has not produced its first token shares more of its prompt than the
 //!    cache holds: then it waits for that prompt to enter the cache rather than compute the same
@@ -44,6 +47,23 @@ pub struct Limits {
     pub batch_tokens: usize,
     /// Whether there is a prompt cache to wait for (rule 2).
     pub prefix_cache: bool,
+    pub memory: Memory,
+}
+
+/// The K/V memory admission works within.
+#[derive(Clone, Copy, Debug)]
+pub struct Memory {
+    /// Blocks free, or held by the prompt cache alone (evictable).
+    pub free_blocks: usize,
+    /// Positions per block.
+    pub block: usize,
+    /// Blocks kept free beyond what admitted prompts need.
+    pub watermark: usize,
+}
+
+impl Memory {
+    /// As much memory as anyone could want (tests of the other rules).
+    pub const PLENTY: Memory = Memory { free_blocks: usize::MAX / 2, block: 16, watermark: 0 };
 }
 
 /// One step's decisions.
@@ -60,7 +80,7 @@ pub struct Plan {
 /// Plans one step. `cached(prompt)` is how many of a prompt's tokens the prompt cache would
 /// give now.
 pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> usize, limits: Limits) -> Plan {
-    let admit = waiting.len().min(limits.parallel.saturating_sub(running.len()));
+    let admit = admissible(running.len(), waiting, cached, limits);
     let mut slots: Vec<SlotView> = running.iter().chain(&waiting[..admit]).copied().collect();
     let mut start = vec![];
     for i in 0..slots.len() {
@@ -99,6 +119,23 @@ pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) 
     Plan { admit, start, rows }
 }
 
+/// How many of `waiting` (in order) fit the free slots and the pool.
+fn admissible(running: usize, waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> usize, limits: Limits) -> usize {
+    let Memory { free_blocks, block, watermark } = limits.memory;
+    let mut budget = free_blocks.saturating_sub(watermark);
+    let slots = limits.parallel.saturating_sub(running);
+    let mut admit = 0;
+    for w in waiting.iter().take(slots) {
+        let need = w.prompt.len().div_ceil(block) - cached(w.prompt) / block;
+        if need > budget && (running > 0 || admit > 0) {
+            break;
+        }
+        budget = budget.saturating_sub(need);
+        admit += 1;
+    }
+    admit
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,7 +144,7 @@ mod tests {
         SlotView { id, phase, prompt, pending }
     }
 
-    const LIMITS: Limits = Limits { parallel: 4, batch_tokens: 16, prefix_cache: true };
+    const LIMITS: Limits = Limits { parallel: 4, batch_tokens: 16, prefix_cache: true, memory: Memory::PLENTY };
     fn none(_: &[u32]) -> usize {
         0
     }

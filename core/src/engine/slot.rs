@@ -66,8 +66,10 @@ impl Slot {
         }
     }
 
+    /// What the policy sees: a preempted sequence (admitted again) is looked up by all its ids.
     pub fn view(&self) -> SlotView<'_> {
-        SlotView { id: self.id, phase: self.phase, prompt: self.seq.prompt(), pending: self.seq.pending() }
+        let prompt = if self.phase == Phase::Admitted { self.seq.ids() } else { self.seq.prompt() };
+        SlotView { id: self.id, phase: self.phase, prompt, pending: self.seq.pending() }
     }
 
     pub fn gone(&self) -> bool {

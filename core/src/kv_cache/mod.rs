@@ -289,6 +289,26 @@ impl KvCache {
         Ok(())
     }
 
+    /// Starts an empty cache from `blocks` holding positions `0..len` computed elsewhere (a
+    /// prompt-cache hit), mapped, not copied: a partly filled last block is copied when this cache
+    /// first writes into it.
+    pub fn map_prefix(&mut self, blocks: &[Arc<Block>], len: usize) -> Result<()> {
+        if !self.is_empty() || blocks.len() != self.shape.blocks_for(len) {
+            return Err(Error::Invalid(format!(
+                "mapping {} block(s) for {len} positions into a cache holding {}",
+                blocks.len(),
+                self.len
+            )));
+        }
+        if blocks.iter().any(|b| b.data().len() != self.shape.floats()) {
+            return Err(Error::Invalid("a mapped block is not of this cache's block size".into()));
+        }
+        self.check_room(len)?;
+        self.blocks.extend(blocks.iter().cloned());
+        self.len = len;
+        Ok(())
+    }
+
     /// Forgets positions `len..` (the next token goes at position `len`), and gives back the
     /// blocks that held only them.
     pub fn truncate(&mut self, len: usize) {

@@ -30,7 +30,12 @@ fn span_of(ids: &[u32]) -> KvSpan {
 
 /// A cache holding `ids` at positions 0.., with the made-up K/V.
 pub(crate) fn cache_of(ids: &[u32]) -> KvCache {
-    let mut cache = KvCache::with_capacity(&cfg(), 64);
+    cache_in_blocks(ids, super::DEFAULT_BLOCK)
+}
+
+/// [`cache_of`] in blocks of `b` positions.
+pub(crate) fn cache_in_blocks(ids: &[u32], b: usize) -> KvCache {
+    let mut cache = KvCache::with_blocks(&cfg(), 64, b);
     cache.append_span(&span_of(ids), 0, ids.len()).unwrap();
     cache
 }

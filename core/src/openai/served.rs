@@ -125,6 +125,7 @@ fn submit_error(e: SubmitError) -> ApiError {
         }
         SubmitError::TooMany { .. } => ApiError::bad("n", e.to_string()),
         SubmitError::Invalid(e) => ApiError::bad("", e.to_string()),
+        SubmitError::TooBig { .. } => ApiError::bad("max_tokens", e.to_string()),
         SubmitError::Stopped => {
             ApiError::new(Status::SERVICE_UNAVAILABLE, "server_error", "shutting_down", "the engine has stopped")
         }

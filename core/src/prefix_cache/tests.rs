@@ -1,25 +1,28 @@
 //! The radix tree on its own: K/V made up per token (K = [id, position], V = [-id, position]),
-//! so every restored value says which token and position it came from.
+//! so every mapped value says which token and position it came from. Blocks of one position
+//! unless a test says otherwise, so that bytes count per token.
 
 use super::*;
-use crate::kv_cache::tests::{cache_of, cfg};
+use crate::kv_cache::tests::{cache_in_blocks, cfg};
 
 const PER_TOKEN: usize = 20; // 2 parts × 2 floats × 4 bytes of K/V + 4 bytes of token id
 
 fn insert(c: &mut PrefixCache, ids: &[u32]) {
-    c.insert(ids, &cache_of(ids));
+    c.insert(ids, &cache_in_blocks(ids, 1));
 }
 
-/// Looks `ids` up and returns the matched length, checking that the spans hold exactly the
+/// Looks `ids` up and returns the matched length, checking that the blocks hold exactly the
 /// K/V of `ids[..len]` at their positions; releases the hold.
 fn hit(c: &mut PrefixCache, ids: &[u32]) -> usize {
+    hit_in(c, ids, 1)
+}
+
+/// [`hit`] for a tree of blocks of `b` positions.
+fn hit_in(c: &mut PrefixCache, ids: &[u32], b: usize) -> usize {
     let l = c.lookup(ids);
-    let mut restored = KvCache::with_capacity(&cfg(), 64);
-    for s in &l.spans {
-        restored.append_span(s, 0, s.len).unwrap();
-    }
-    assert_eq!(restored.len(), l.len, "the spans cover the matched length");
-    let want = cache_of(&ids[..l.len]);
+    let mut restored = KvCache::with_blocks(&cfg(), 64, b);
+    restored.map_prefix(&l.blocks, l.len).unwrap();
+    let want = cache_in_blocks(&ids[..l.len], b);
     for part in [crate::kv_cache::KvPart::K, crate::kv_cache::KvPart::V] {
         assert_eq!(restored.gather(0, part), want.gather(0, part), "K/V of the matched tokens at their positions");
     }
@@ -40,6 +43,15 @@ fn reuse_stops_at_the_first_differing_token_and_before_the_last() {
     assert_eq!((c.stats.lookups, c.stats.hits), (4, 3));
 }
 
+/// Lookups after storing [1..6], [1, 2, 3, 4, 8, 9] and [1, 2, 7], with the tokens each reuses.
+const SPLIT_HITS: [(&[u32], usize); 5] = [
+    (&[1, 2, 3, 4, 5, 6, 0], 6),
+    (&[1, 2, 3, 4, 8, 9, 0], 6),
+    (&[1, 2, 7, 0], 3),
+    (&[1, 2, 3, 0], 3),
+    (&[1, 2, 3, 4, 8, 0], 5),
+];
+
 #[test]
 fn an_edge_split_reparents_its_children_and_keeps_every_span() {
     let mut c = PrefixCache::new(1 << 20);
@@ -48,13 +60,7 @@ fn an_edge_split_reparents_its_children_and_keeps_every_span() {
     insert(&mut c, &[1, 2, 7]); // splits [1, 2, 3, 4] after 2, above the first split's children
     assert_eq!(c.tokens(), 4 + 2 + 2 + 1, "[1,2] [3,4] [5,6] [8,9] [7]");
     assert_eq!(c.bytes(), c.tokens() * PER_TOKEN);
-    for (ids, want) in [
-        (&[1, 2, 3, 4, 5, 6, 0][..], 6),
-        (&[1, 2, 3, 4, 8, 9, 0], 6),
-        (&[1, 2, 7, 0], 3),
-        (&[1, 2, 3, 0], 3),
-        (&[1, 2, 3, 4, 8, 0], 5),
-    ] {
+    for (ids, want) in SPLIT_HITS {
         assert_eq!(hit(&mut c, ids), want, "{ids:?}");
     }
     // Every node's parent lists it as a child, and depth adds up along the path.
@@ -148,4 +154,37 @@ fn a_lookup_says_where_reuse_stopped_and_why() {
     // A different first token: reuse stops at 0 against what the cache starts with.
     let s = stop(&mut c, &[9, 2, 3]);
     assert_eq!((s.reused, s.reason, s.new_token, s.cached_token), (0, StopReason::Differs, Some(9), Some(1)));
+}
+
+#[test]
+fn blocks_of_any_size_map_back_the_exact_prefix_and_go_back_when_nobody_holds_them() {
+    for b in [1, 2, 3, 4, 16] {
+        let mut c = PrefixCache::new(1 << 20);
+        let caches: Vec<_> = [&[1, 2, 3, 4, 5, 6][..], &[1, 2, 3, 4, 8, 9], &[1, 2, 7]]
+            .iter()
+            .map(|ids| cache_in_blocks(ids, b))
+            .collect();
+        for (cache, ids) in caches.iter().zip([&[1, 2, 3, 4, 5, 6][..], &[1, 2, 3, 4, 8, 9], &[1, 2, 7]]) {
+            c.insert(ids, cache);
+        }
+        for (ids, want) in SPLIT_HITS.into_iter().chain([(&[1, 2, 3, 4, 5, 0][..], 5)]) {
+            assert_eq!(hit_in(&mut c, ids, b), want, "B={b} {ids:?}");
+        }
+        // A sequence that maps a hit keeps its blocks when the tree evicts everything.
+        let Lookup { len, blocks, hold, .. } = c.lookup(&[1, 2, 3, 4, 8, 9, 0]);
+        let mut seq = KvCache::with_blocks(&cfg(), 64, b);
+        seq.map_prefix(&blocks, len).unwrap();
+        drop(blocks);
+        c.release(hold);
+        let pools: Vec<_> = caches.iter().map(|k| k.pool().clone()).collect();
+        drop(caches);
+        c.evict_to(0);
+        assert_eq!(c.tokens(), 0);
+        let want = cache_in_blocks(&[1, 2, 3, 4, 8, 9], b);
+        assert!(seq.same_bits(&want, 6), "B={b}: an evicted node freed no block a sequence maps");
+        let held: usize = pools.iter().map(|p| p.used_blocks()).sum();
+        assert_eq!(held, seq.blocks().len(), "B={b}: only the sequence's blocks are still out");
+        drop(seq);
+        assert_eq!(pools.iter().map(|p| p.used_blocks()).sum::<usize>(), 0, "B={b}: every block went back");
+    }
 }

@@ -11,11 +11,12 @@ mod drafting;
 mod editing;
 
 use crate::error::{Error, Result};
-use crate::kv_cache::{KvCache, KvSpan};
+use crate::kv_cache::{Block, KvCache, KvSpan, Pool};
 use crate::model::{Model, Rows, Scratch};
 use crate::sampler::{Sampler, Sampling};
 use crate::speculative::Speculation;
 use crate::tap::Tap;
+use std::sync::Arc;
 
 /// How a sequence's generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,8 +71,21 @@ impl Sequence {
     /// `prompt + max_new − 1` positions (the last token is never fed); errors if that exceeds
     /// the model's positions.
     pub fn new(model: &Model, prompt: &[u32], max_new: usize, sampling: Sampling) -> Result<Sequence> {
+        Sequence::new_in(None, model, prompt, (max_new, sampling))
+    }
+
+    /// [`Sequence::new`] whose cache takes its blocks from `pool` (None: a pool of its own).
+    pub fn new_in(
+        pool: Option<&Pool>,
+        model: &Model,
+        prompt: &[u32],
+        (max_new, sampling): (usize, Sampling),
+    ) -> Result<Sequence> {
         check_prompt(model, prompt, max_new)?;
         let mut seq = Sequence::with_capacity(model, prompt.len() + max_new.saturating_sub(1), sampling);
+        if let Some(pool) = pool {
+            seq.cache = KvCache::in_pool(pool, &model.config, seq.cache.capacity());
+        }
         seq.ids.extend_from_slice(prompt);
         seq.prompt_len = prompt.len();
         Ok(seq)
@@ -228,9 +242,25 @@ impl Sequence {
         self.cache
     }
 
+    /// Gives every K/V block back (a preempted sequence): drafts not yet verified are dropped,
+    /// the ids and the sampler kept, so feeding every id again continues where it was.
+    pub fn preempt(&mut self) {
+        self.ids.truncate(self.ids.len() - self.drafted);
+        self.drafted = 0;
+        self.cache.reset();
+    }
+
     /// Forgets the cache, so that the next feed recomputes every position (the uncached mode).
     pub fn forget_cache(&mut self) {
         self.cache.reset();
+    }
+
+    /// Starts the empty cache from the blocks of a prompt-cache hit holding K/V of `ids[..len]`.
+    pub fn map_prefix(&mut self, blocks: &[Arc<Block>], len: usize) -> Result<()> {
+        if len > self.ids.len() {
+            return Err(Error::Invalid("a mapped prefix is longer than the sequence".into()));
+        }
+        self.cache.map_prefix(blocks, len)
     }
 
     /// Starts the cache from K/V computed elsewhere for `ids[..]` (a cached prefix): positions

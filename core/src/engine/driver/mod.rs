@@ -1,13 +1,17 @@
-//! The engine loop on its own thread: take commands, plan a step, execute it, update every
-//! sequence from what it produced (events, finishes with their reason, prompt-cache inserts).
+//! The engine loop on its own thread: take commands, plan a step, make room for it in the K/V
+//! pool (`memory.rs`: evict, then preempt), execute it, update every sequence from what it
+//! produced (events, finishes with their reason, prompt-cache inserts).
+
+mod memory;
 
 use super::command::Command;
-use super::config::{EngineConfig, Gauges, Monitor};
+use super::config::{EngineConfig, Monitor};
 use super::policy::{self, Limits, Phase};
 use super::request::{CancelReason, Ending, Event, Flushed, Usage};
 use super::runner::{Output, Runner};
 use super::slot::{Slot, Waiting};
 use crate::error::Result;
+use crate::kv_cache::Pool;
 use crate::kv_events::{block_event, BlockEvent};
 use crate::model::Model;
 use crate::prefix_cache::PrefixCache;
@@ -28,8 +32,14 @@ pub(super) struct Engine {
     cfg: EngineConfig,
     kv_events: Option<KvEventSink>,
     cache: PrefixCache,
+    /// The K/V blocks of every sequence and of the prompt cache.
+    pool: Pool,
     runner: Runner,
+    /// Running sequences, in admission order.
     slots: Vec<Slot>,
+    /// Sequences preempted for memory, oldest admitted first: they go before `waiting`.
+    preempted: VecDeque<Slot>,
+    preemptions: u64,
     waiting: VecDeque<Waiting>,
     /// Sequences submitted and not yet ended (shared with the handle, which owns the limit).
     inflight: Arc<AtomicUsize>,
@@ -50,9 +60,12 @@ impl Engine {
         Engine {
             kv_events,
             cache,
+            pool: Pool::new(&model.config, cfg.kv_block_size, cfg.kv_blocks(&model)),
             runner: Runner::new(model, cfg.max_rows()),
             cfg,
             slots: vec![],
+            preempted: VecDeque::new(),
+            preemptions: 0,
             waiting: VecDeque::new(),
             inflight,
             draining: false,
@@ -62,7 +75,7 @@ impl Engine {
     /// Runs until [`Command::Drain`] (or every handle is gone) and nothing is left to do.
     pub fn run(mut self, rx: mpsc::Receiver<Command>, monitor: &mut dyn Monitor) {
         loop {
-            let idle = self.slots.is_empty() && self.waiting.is_empty();
+            let idle = self.idle();
             if idle && self.draining {
                 return;
             }
@@ -74,13 +87,13 @@ impl Engine {
                 }
             }
             self.commands(&rx, monitor);
-            if self.slots.iter().any(Slot::gone) || self.waiting.iter().any(Waiting::gone) {
+            let gone = self.slots.iter().chain(&self.preempted).any(Slot::gone);
+            if gone || self.waiting.iter().any(Waiting::gone) {
                 // A front end that stopped a sequence said so before letting go of it.
                 self.commands(&rx, monitor);
                 self.drop_gone(monitor);
             }
-            let busy = !(self.slots.is_empty() && self.waiting.is_empty());
-            if let Err(e) = if busy { self.step(monitor) } else { Ok(()) } {
+            if let Err(e) = if self.idle() { Ok(()) } else { self.step(monitor) } {
                 // A step that fails fails every sequence in it; the engine goes on.
                 for s in std::mem::take(&mut self.slots) {
                     s.send(Event::Error(e.to_string()));
@@ -90,6 +103,10 @@ impl Engine {
             self.report_cache();
             monitor.step(&self.gauges());
         }
+    }
+
+    fn idle(&self) -> bool {
+        self.slots.is_empty() && self.preempted.is_empty() && self.waiting.is_empty()
     }
 
     /// Sends what the prompt cache stored and evicted since the last call as one batch of block
@@ -131,6 +148,9 @@ impl Engine {
                 CancelReason::Stop { tokens } => self.finish(s, Ending::Finished(FinishReason::Stop), tokens, monitor),
                 CancelReason::Client => self.finish(s, Ending::Cancelled, usize::MAX, monitor),
             }
+        } else if let Some(i) = self.preempted.iter().position(|s| s.id == id) {
+            let s = self.preempted.remove(i).expect("found");
+            self.finish(s, Ending::Cancelled, usize::MAX, monitor);
         } else if let Some(i) = self.waiting.iter().position(|w| w.id == id) {
             let w = self.waiting.remove(i).expect("found");
             self.cancel_waiting(w, monitor);
@@ -152,7 +172,9 @@ impl Engine {
         }
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.slots).into_iter().partition(Slot::gone);
         self.slots = kept;
-        for s in gone {
+        let (gone_too, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.preempted).into_iter().partition(Slot::gone);
+        self.preempted = kept.into();
+        for s in gone.into_iter().chain(gone_too) {
             self.finish(s, Ending::Cancelled, usize::MAX, monitor);
         }
     }
@@ -163,26 +185,33 @@ impl Engine {
             parallel: self.cfg.parallel,
             batch_tokens: self.cfg.batch_tokens,
             prefix_cache: self.cfg.cache_bytes > 0,
+            memory: self.memory(),
         };
         self.runner.draft(&mut self.slots)?;
         let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
-        let waiting: Vec<_> = self.waiting.iter().map(Waiting::view).collect();
+        let waiting: Vec<_> =
+            self.preempted.iter().map(Slot::view).chain(self.waiting.iter().map(Waiting::view)).collect();
         let cache = &self.cache;
-        let plan = policy::plan(&running, &waiting, &|ids| cache.peek(ids), limits);
+        let mut plan = policy::plan(&running, &waiting, &|ids| cache.peek(ids), limits);
         self.admit(plan.admit);
         for &(id, cached) in &plan.start {
             self.start(id, cached, monitor);
         }
+        self.make_room(&mut plan);
         let out = self.runner.execute(&mut self.slots, &plan.rows)?;
         self.update(out, monitor);
         Ok(())
     }
 
-    /// Moves `n` waiting sequences into slots.
+    /// Moves `n` sequences into slots: preempted ones first, then waiting ones.
     fn admit(&mut self, n: usize) {
+        let resumed = n.min(self.preempted.len());
+        self.slots.extend(self.preempted.drain(..resumed));
+        let n = n - resumed;
         for w in self.waiting.drain(..n.min(self.waiting.len())) {
             // The handle checked the request; a failure here is memory, reported as an error.
-            match Sequence::new(&self.runner.model, &w.req.prompt, w.req.max_new_tokens, w.req.sampling) {
+            let new = (w.req.max_new_tokens, w.req.sampling);
+            match Sequence::new_in(Some(&self.pool), &self.runner.model, &w.req.prompt, new) {
                 Ok(mut seq) => {
                     if let Some(d) = self.cfg.draft.as_ref().filter(|_| w.req.speculative) {
                         seq.speculate_with(d);
@@ -197,15 +226,19 @@ impl Engine {
         }
     }
 
-    /// Starts sequence `id` from the `cached` tokens of its prompt the plan found in the prompt
-    /// cache, held until it ends.
+    /// Starts sequence `id` from the `cached` tokens of its ids the plan found in the prompt
+    /// cache (their blocks mapped, held until it ends). A preempted sequence resumes this way,
+    /// keeping what its first start reported.
     fn start(&mut self, id: u64, cached: usize, monitor: &mut dyn Monitor) {
         let Some(i) = self.slots.iter().position(|s| s.id == id) else { return };
         let s = &mut self.slots[i];
         let found = self.cache.lookup_upto(s.seq.ids(), cached);
-        let restored = found.spans.iter().try_for_each(|span| s.seq.restore(span, 0, span.len));
-        s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
-        (s.cached, s.hold, s.phase) = (found.len, Some(found.hold), Phase::Prefilling);
+        let restored = s.seq.map_prefix(&found.blocks, found.len);
+        if s.first_token.is_none() {
+            s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
+            s.cached = found.len;
+        }
+        (s.hold, s.phase) = (Some(found.hold), Phase::Prefilling);
         if let Err(e) = restored {
             let s = self.slots.remove(i);
             s.send(Event::Error(e.to_string()));
@@ -225,9 +258,9 @@ impl Engine {
             }
             let s = &mut self.slots[slot];
             let now = Instant::now();
+            s.phase = Phase::Decoding;
             if s.first_token.is_none() {
                 s.first_token = Some(now);
-                s.phase = Phase::Decoding;
                 monitor.first_token(now - s.submitted);
                 s.send(Event::Started {
                     cached_tokens: s.cached,
@@ -237,6 +270,11 @@ impl Engine {
                 });
                 if self.cfg.cache_bytes > 0 {
                     self.cache.insert(s.seq.prompt(), s.seq.cache());
+                }
+                // Its prompt is in the tree now, and the blocks it maps stay whatever the tree
+                // evicts: the hold would only keep a block it copied away from.
+                if let Some(h) = s.hold.take() {
+                    self.cache.release(h);
                 }
             } else {
                 monitor.token(now - s.last_token);
@@ -273,18 +311,6 @@ impl Engine {
         monitor.finished(&usage, ending);
         if let Ending::Finished(finish) = ending {
             s.send(Event::Done { finish, usage });
-        }
-    }
-
-    fn gauges(&self) -> Gauges {
-        Gauges {
-            running: self.slots.len(),
-            waiting: self.waiting.len(),
-            kv_bytes: self.slots.iter().map(|s| s.seq.cache().bytes()).sum(),
-            kv_tokens: self.slots.iter().map(|s| s.seq.cache().len()).sum(),
-            cache_bytes: self.cache.bytes(),
-            cache_tokens: self.cache.tokens(),
-            stats: self.cache.stats,
         }
     }
 }
