@@ -30,7 +30,7 @@ fn config(blocks: usize) -> EngineConfig {
         cache_bytes: 16 << 20,
         max_queue: 64,
         draft: None,
-        kv_event_block_size: None,
+        kv_events: false,
         kv_block_size: BLOCK,
         kv_bytes: Some(blocks * BLOCK_BYTES),
     }

@@ -309,7 +309,7 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
             cache_bytes: 1 << 20,
             max_queue: 8,
             draft,
-            kv_event_block_size: None,
+            kv_events: false,
             kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
             kv_bytes: None,
         };

@@ -8,8 +8,9 @@
 /// `name(isa, args)` and, per x86 ISA, a module holding its lanes as `L` (two AVX2 registers, one
 /// AVX-512 register) and a `#[target_feature]` copy that calls `LANES_BODY`, a path that may name
 /// `L`. A kernel may take one type parameter (`fn name<K: Bound>(…)`), so that what it reads
-/// through is inlined into each ISA's copy. One feature set per ISA; the bodies' arithmetic is fixed, only the registers and
-/// instructions differ. For `unsafe` kernels the caller upholds the body's contract.
+/// through is inlined into each ISA's copy. One feature set per ISA; the bodies' arithmetic is
+/// fixed, only the registers and instructions differ. For `unsafe` kernels the caller upholds the
+/// body's contract.
 macro_rules! kernels {
     ($( [$($kw:tt)*] fn $name:ident $(< $g:ident : $gb:path >)? ( $($a:ident : $t:ty),* $(,)? ) $(-> $r:ty)?
         = $lanes:path, $scalar:path ; )*) => {

@@ -36,9 +36,7 @@ mod packed;
 mod par;
 mod rows;
 
-pub use attention::{
-    attention, attention_blocks, attention_scores, attention_scores_blocks, AttnDims, Contiguous, KvBlocks,
-};
+pub use attention::{attention, attention_blocks, attention_scores, attention_scores_blocks, AttnDims, KvBlocks};
 pub use gemm::{matmul, matmul_packed};
 pub use int8::QuantizedActs;
 pub use isa::{cpu_features, Isa};

@@ -73,7 +73,7 @@ impl Engine {
             cache_bytes: CACHE_BYTES,
             max_queue: MAX_QUEUE,
             draft: None,
-            kv_event_block_size: None,
+            kv_events: false,
             kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
             kv_bytes: None,
         };

@@ -6,7 +6,7 @@ use super::options::ServeOptions;
 use kvgpt_core::engine::EngineConfig;
 use kvgpt_core::openai::served_name;
 use kvgpt_core::units::count;
-use kvgpt_core::{KvCache, Loaded};
+use kvgpt_core::Loaded;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 
@@ -23,16 +23,16 @@ pub struct Facts {
     threads: usize,
     isa: &'static str,
     dtype: String,
-    /// Bytes: the weights, the draft's weights, the K/V every slot may hold at full context
-    /// (with a draft model's caches), and the prompt cache's budget.
+    /// Bytes: the weights, the draft's weights, the draft model's caches at most (outside the
+    /// pool), and the prompt cache's budget (inside it).
     weights: usize,
     draft_weights: usize,
-    kv_limit: usize,
+    draft_kv: usize,
     cache_bytes: usize,
-    /// Positions the K/V pool holds (its blocks × their positions).
-    slot_positions: usize,
-    /// The KV-cache events' block size.
+    /// The K/V pool: its blocks, their positions (also the KV events' block size) and bytes.
+    pool_blocks: usize,
     block_size: usize,
+    block_bytes: usize,
     /// The draft: its name, and the startup line's words on it.
     draft: Option<(String, String)>,
 }
@@ -47,7 +47,7 @@ impl Facts {
         cfg: &EngineConfig,
         (threads, draft): (usize, Option<&str>),
     ) -> Facts {
-        let model = &loaded.model;
+        let (model, pool) = (&loaded.model, cfg.kv_pool(&loaded.model));
         let draft = cfg.draft.as_ref().zip(draft).map(|(d, name)| {
             let words = format!(
                 "up to {} tokens a step; measured: a verify row costs {:.2} and a drafted token {:.2} of a decode step",
@@ -68,10 +68,11 @@ impl Facts {
             dtype: model.weights_dtype().to_string(),
             weights: model.weight_bytes(),
             draft_weights: cfg.draft.as_ref().map_or(0, |d| d.weight_bytes()),
-            kv_limit: cfg.kv_blocks(model) * cfg.kv_block_size * KvCache::bytes_per_position(&model.config),
+            draft_kv: cfg.draft_kv_bytes(model),
             cache_bytes: cfg.cache_bytes,
-            slot_positions: cfg.kv_blocks(model) * cfg.kv_block_size,
-            block_size: cfg.kv_block_size,
+            pool_blocks: pool.total_blocks(),
+            block_size: pool.shape().positions,
+            block_bytes: pool.shape().bytes(),
             draft,
         }
     }
@@ -81,8 +82,8 @@ impl Facts {
         Limits {
             weights: self.weights,
             draft_weights: self.draft_weights,
-            kv: self.kv_limit,
-            kv_positions: self.slot_positions,
+            kv: self.pool_blocks * self.block_bytes,
+            kv_blocks: self.pool_blocks,
             cache: self.cache_bytes,
             block_size: self.block_size,
         }
@@ -92,12 +93,14 @@ impl Facts {
     pub fn banner(&self) -> String {
         let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
         let (draft, draft_memory) = match &self.draft {
-            Some((name, words)) => {
-                (format!(" | draft {name} ({words})"), format!(" + draft weights {:.1} MB", mb(self.draft_weights)))
-            }
+            Some((name, words)) => (
+                format!(" | draft {name} ({words})"),
+                format!(" + draft weights {:.1} MB + draft K/V ≤ {:.1} MB", mb(self.draft_weights), mb(self.draft_kv)),
+            ),
             None => (String::new(), String::new()),
         };
-        let total = self.weights + self.draft_weights + self.kv_limit;
+        let pool = self.pool_blocks * self.block_bytes;
+        let total = self.weights + self.draft_weights + self.draft_kv + pool;
         format!(
             "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {:.1} MB{draft_memory} \
              + one K/V pool of {} blocks of {} positions = {:.1} MB for {} and the prompt cache (≤ {:.1} MB of it) \
@@ -109,9 +112,9 @@ impl Facts {
             self.isa,
             self.dtype,
             mb(self.weights),
-            self.slot_positions / self.block_size.max(1),
+            self.pool_blocks,
             self.block_size,
-            mb(self.kv_limit),
+            mb(pool),
             count(self.parallel, "slot"),
             mb(self.cache_bytes),
             mb(total)
@@ -131,7 +134,7 @@ impl Facts {
             "kv_block_size": self.block_size,
             "context_length": self.n_positions,
             "max_running_requests": self.parallel,
-            "max_total_tokens": self.slot_positions,
+            "max_total_tokens": self.pool_blocks * self.block_size,
             "max_queued_requests": self.max_queue,
             "prompt_cache_bytes": self.cache_bytes,
             "dtype": self.dtype,

@@ -101,7 +101,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         cache_bytes: o.cache_bytes,
         max_queue: o.max_queue,
         draft: drafting.map(|d| d.config),
-        kv_event_block_size: publisher.as_ref().map(|_| o.kv_events.block_size),
+        kv_events: publisher.is_some(),
         kv_block_size: o.kv_events.block_size,
         kv_bytes: o.kv_bytes,
     };

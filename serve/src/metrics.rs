@@ -196,7 +196,7 @@ impl Metrics {
             gauge!("kvgpt_draft_weights_bytes").set(l.draft_weights as f64);
             gauge!("kvgpt_kv_cache_limit_bytes").set(l.kv as f64);
             gauge!("kvgpt_prompt_cache_limit_bytes").set(l.cache as f64);
-            let (block_size, blocks) = (l.block_size.to_string(), (l.kv_positions / l.block_size).to_string());
+            let (block_size, blocks) = (l.block_size.to_string(), l.kv_blocks.to_string());
             gauge!("vllm:cache_config_info", "block_size" => block_size, "num_gpu_blocks" => blocks).set(1.0);
             let none = || String::new();
             gauge!("vllm:lora_requests_info", "max_lora" => "0", "running_lora_adapters" => none(),
@@ -245,11 +245,11 @@ impl Metrics {
 pub struct Limits {
     pub weights: usize,
     pub draft_weights: usize,
-    /// K/V bytes all slots may hold, and as positions.
+    /// Bytes of the K/V pool, and its blocks.
     pub kv: usize,
-    pub kv_positions: usize,
+    pub kv_blocks: usize,
     pub cache: usize,
-    /// The KV-event block size, which `vllm:cache_config_info` reports.
+    /// The pool's block size (also the KV events'), which `vllm:cache_config_info` reports.
     pub block_size: usize,
 }
 

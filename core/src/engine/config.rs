@@ -1,7 +1,7 @@
 //! How the engine runs, and what it reports to whoever observes it.
 
 use super::request::{Ending, Usage};
-use crate::kv_cache::{BlockShape, KvCache};
+use crate::kv_cache::{BlockShape, KvCache, Pool};
 use crate::model::Model;
 use crate::prefix_cache::CacheStats;
 use crate::speculative::DraftConfig;
@@ -20,9 +20,9 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Decode speculatively with this draft (each request that does not turn it off).
     pub draft: Option<DraftConfig>,
-    /// Announce what the prompt cache stores and evicts as KV-cache events over blocks of this
-    /// many tokens ([`super::Spawned::kv_events`]; None: no events). The pool's block size.
-    pub kv_event_block_size: Option<usize>,
+    /// Announce what the prompt cache stores and evicts as KV-cache events over the pool's
+    /// blocks ([`super::Spawned::kv_events`]).
+    pub kv_events: bool,
     /// Positions per K/V block of the pool.
     pub kv_block_size: usize,
     /// Bytes of the one K/V pool that running sequences and the prompt cache share (None: as
@@ -40,25 +40,24 @@ impl EngineConfig {
         if self.kv_block_size == 0 {
             return Err("K/V blocks need at least one position (kv_block_size)".into());
         }
-        if self.kv_event_block_size.is_some_and(|b| b != self.kv_block_size) {
-            return Err("KV events count in the pool's blocks: kv_event_block_size must be kv_block_size".into());
-        }
         Ok(())
     }
 
-    /// Blocks of the K/V pool: `kv_bytes` (or its default) in blocks of the model's K/V.
-    pub fn kv_blocks(&self, model: &Model) -> usize {
-        let block = BlockShape::of(&model.config, self.kv_block_size.max(1)).bytes();
-        let bytes = self.kv_bytes.unwrap_or_else(|| self.kv_limit(model) + self.cache_bytes);
-        bytes / block.max(1)
+    /// The K/V pool: `kv_bytes` (default: every slot at the full context and the prompt
+    /// cache's budget) in blocks of `kv_block_size` positions of the model's K/V.
+    pub fn kv_pool(&self, model: &Model) -> Pool {
+        let cfg = &model.config;
+        let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position(cfg);
+        let bytes = self.kv_bytes.unwrap_or(full + self.cache_bytes);
+        let block = BlockShape::of(cfg, self.kv_block_size.max(1)).bytes();
+        Pool::new(cfg, self.kv_block_size, bytes / block.max(1))
     }
 
-    /// The most K/V bytes the running sequences can hold: every slot at the full context (with
-    /// a draft model, its caches too).
-    pub fn kv_limit(&self, model: &Model) -> usize {
+    /// The most K/V bytes a draft model's caches can hold (every slot at the full context): they
+    /// are not in the pool.
+    pub fn draft_kv_bytes(&self, model: &Model) -> usize {
         let positions = model.config.n_positions;
-        let draft = self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions));
-        self.parallel * (positions * KvCache::bytes_per_position(&model.config) + draft)
+        self.parallel * self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions))
     }
 
     /// The most rows one forward step can feed: the token budget, or every slot decoding with a

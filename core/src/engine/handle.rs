@@ -5,7 +5,7 @@ use super::command::Command;
 use super::request::{CancelReason, Events, Flushed, Request, SeqId, SubmitError};
 use super::slot::Waiting;
 use crate::error::Error;
-use crate::kv_cache::BlockShape;
+use crate::kv_cache::Pool;
 use crate::model::Model;
 use crate::sequence::check_prompt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -24,8 +24,8 @@ pub struct EngineHandle {
     pub(super) parallel: usize,
     pub(super) max_queue: usize,
     pub(super) next_id: Arc<AtomicU64>,
-    /// The K/V pool's shape and blocks, to refuse what could never fit it.
-    pub(super) kv: (BlockShape, usize),
+    /// The engine's K/V pool, to refuse what could never fit it.
+    pub(super) kv: Pool,
 }
 
 impl EngineHandle {
@@ -99,7 +99,7 @@ impl EngineHandle {
     fn check(&self, r: &Request) -> Result<(), SubmitError> {
         r.sampling.check().map_err(|e| Error::Invalid(e.to_string()))?;
         check_prompt(&self.model, &r.prompt, r.max_new_tokens)?;
-        let (shape, total) = self.kv;
+        let (shape, total) = (self.kv.shape(), self.kv.total_blocks());
         let positions = r.prompt.len() + r.max_new_tokens.saturating_sub(1);
         let need = shape.blocks_for(positions);
         if need > total {

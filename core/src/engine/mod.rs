@@ -32,7 +32,6 @@ pub use policy::{Phase, Plan};
 pub use request::{CancelReason, Ending, Event, Events, Flushed, Request, SeqId, SubmitError, Usage};
 pub use text::{block_on, Delta, Ended, TextEvent, TextEvents};
 
-use crate::kv_cache::BlockShape;
 use crate::model::Model;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{mpsc, Arc};
@@ -43,7 +42,7 @@ pub struct Spawned {
     pub handle: EngineHandle,
     pub thread: std::thread::JoinHandle<()>,
     /// What the prompt cache stored and evicted, as block events, one batch per step that
-    /// changed whole blocks (with [`EngineConfig::kv_event_block_size`]).
+    /// changed whole blocks (with [`EngineConfig::kv_events`]).
     pub kv_events: Option<UnboundedReceiver<Vec<BlockEvent>>>,
 }
 
@@ -56,8 +55,9 @@ pub fn spawn(
     pool: Option<rayon::ThreadPool>,
 ) -> std::io::Result<Spawned> {
     cfg.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    if cfg.kv_blocks(&model) == 0 {
-        let block = BlockShape::of(&model.config, cfg.kv_block_size).bytes();
+    let kv = cfg.kv_pool(&model);
+    if kv.total_blocks() == 0 {
+        let block = kv.shape().bytes();
         let msg = format!(
             "the K/V pool holds no block of {block} bytes: give --kv-mb at least {:.2}",
             block as f64 / (1u64 << 20) as f64
@@ -65,12 +65,11 @@ pub fn spawn(
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
     }
     let (tx, rx) = mpsc::channel();
-    let (events_tx, kv_events) = match cfg.kv_event_block_size {
-        Some(size) => {
-            let (tx, rx) = unbounded_channel();
-            (Some(driver::KvEventSink { tx, block_size: size }), Some(rx))
-        }
-        None => (None, None),
+    let (events_tx, kv_events) = if cfg.kv_events {
+        let (tx, rx) = unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
     };
     let inflight = Arc::new(AtomicUsize::new(0));
     let handle = EngineHandle {
@@ -80,10 +79,10 @@ pub fn spawn(
         parallel: cfg.parallel,
         max_queue: cfg.max_queue,
         next_id: Arc::new(AtomicU64::new(1)),
-        kv: (BlockShape::of(&model.config, cfg.kv_block_size), cfg.kv_blocks(&model)),
+        kv: kv.clone(),
     };
     let thread = std::thread::Builder::new().name("kvgpt-engine".into()).spawn(move || {
-        let engine = driver::Engine::new(model, cfg, inflight, events_tx);
+        let engine = driver::Engine::new(model, cfg, (kv, inflight), events_tx);
         match pool {
             Some(p) => p.install(|| engine.run(rx, monitor.as_mut())),
             None => engine.run(rx, monitor.as_mut()),

@@ -231,4 +231,22 @@ mod tests {
         let running = [view(1, Phase::Prefilling, &shared, 5), view(2, Phase::Admitted, &other, 11)];
         assert_eq!(plan(&running, &[], &|_: &[u32]| 4, LIMITS).start, []);
     }
+
+    #[test]
+    fn admission_counts_the_blocks_a_prompt_needs_beyond_the_cache_and_a_watermark() {
+        let (a, b, c) = ([1u32; 40], [2u32; 20], [3u32; 16]); // 3, 2 and 1 blocks of 16
+        let waiting =
+            [view(1, Phase::Admitted, &a, 40), view(2, Phase::Admitted, &b, 20), view(3, Phase::Admitted, &c, 16)];
+        let memory = |free_blocks, watermark| Limits { memory: Memory { free_blocks, block: 16, watermark }, ..LIMITS };
+        let running = [view(9, Phase::Decoding, &c, 1)];
+        assert_eq!(plan(&running, &waiting, &none, memory(6, 0)).admit, 3, "3 + 2 + 1 blocks fit 6");
+        assert_eq!(plan(&running, &waiting, &none, memory(5, 0)).admit, 2, "in order: the third waits");
+        assert_eq!(plan(&running, &waiting, &none, memory(6, 1)).admit, 2, "the watermark is kept free");
+        assert_eq!(plan(&running, &waiting, &none, memory(2, 0)).admit, 0, "the oldest does not fit: nobody passes it");
+        // Whole blocks the prompt cache gives take nothing from the pool.
+        let cached = |ids: &[u32]| if ids == &a[..] { 33 } else { 0 };
+        assert_eq!(plan(&running, &waiting, &cached, memory(3, 0)).admit, 2, "a needs 1 block, b 2");
+        // With nothing running the oldest always goes (the handle refused what could never fit).
+        assert_eq!(plan(&[], &waiting, &none, memory(0, 0)).admit, 1);
+    }
 }

@@ -110,11 +110,6 @@ impl KvCache {
         2 * self.shape.n_head * self.len * self.shape.head_dim * 4
     }
 
-    /// Bytes of K and V of one layer in the blocks held.
-    pub fn layer_bytes_allocated(&self) -> usize {
-        self.shape.bytes() / self.shape.n_layer.max(1) * self.blocks.len()
-    }
-
     /// Bytes of the blocks held (a block shared with another holder counts in full here too).
     pub fn bytes(&self) -> usize {
         self.shape.bytes() * self.blocks.len()

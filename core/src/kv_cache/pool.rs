@@ -127,9 +127,4 @@ impl Pool {
         let data = reused.unwrap_or_else(|| vec![0.0; s.shape.floats()].into_boxed_slice());
         Some(Arc::new(Block { data, pool: s.clone() }))
     }
-
-    /// Whether two handles are the same pool.
-    pub fn same(&self, other: &Pool) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
 }

@@ -29,21 +29,4 @@ impl KvSpan {
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }
-
-    /// Splits at position `m`: `self` keeps `0..m`, the result holds `m..len`.
-    pub fn split_off(&mut self, m: usize) -> KvSpan {
-        assert!(m <= self.len);
-        let (n, hs) = (self.len, self.head_dim);
-        if n == 0 || hs == 0 {
-            return self.clone();
-        }
-        let (mut head, mut tail) = (Vec::with_capacity(self.data.len() / n.max(1) * m), Vec::new());
-        for chunk in self.data.chunks(n * hs) {
-            head.extend_from_slice(&chunk[..m * hs]);
-            tail.extend_from_slice(&chunk[m * hs..]);
-        }
-        self.data = head;
-        self.len = m;
-        KvSpan { len: n - m, data: tail, ..*self }
-    }
 }

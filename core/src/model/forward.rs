@@ -128,7 +128,6 @@ impl Model {
             if let Some(&id) = s.ids.iter().find(|&&id| id as usize >= v) {
                 return Err(Error::BadTokenId { id, vocab: v });
             }
-            s.cache.check_room(ti)?;
             (t, r) = (t + ti, r + ri);
         }
         for s in batch.iter_mut() {

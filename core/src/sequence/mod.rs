@@ -82,22 +82,24 @@ impl Sequence {
         (max_new, sampling): (usize, Sampling),
     ) -> Result<Sequence> {
         check_prompt(model, prompt, max_new)?;
-        let mut seq = Sequence::with_capacity(model, prompt.len() + max_new.saturating_sub(1), sampling);
-        if let Some(pool) = pool {
-            seq.cache = KvCache::in_pool(pool, &model.config, seq.cache.capacity());
-        }
+        let (cfg, capacity) = (&model.config, prompt.len() + max_new.saturating_sub(1));
+        let cache = match pool {
+            Some(pool) => KvCache::in_pool(pool, cfg, capacity),
+            None => KvCache::with_capacity(cfg, capacity),
+        };
+        let mut seq = Sequence::with_cache(model, cache, sampling);
         seq.ids.extend_from_slice(prompt);
         seq.prompt_len = prompt.len();
         Ok(seq)
     }
 
-    /// Empty, with a cache of `capacity` positions (ids may hold one more: the last is never fed).
-    pub(super) fn with_capacity(model: &Model, capacity: usize, sampling: Sampling) -> Sequence {
+    /// Empty, over `cache` (ids may hold one more than its capacity: the last is never fed).
+    pub(super) fn with_cache(model: &Model, cache: KvCache, sampling: Sampling) -> Sequence {
         let cfg = &model.config;
         Sequence {
-            ids: Vec::with_capacity(capacity + 1),
+            ids: Vec::with_capacity(cache.capacity() + 1),
             prompt_len: 0,
-            cache: KvCache::with_capacity(cfg, capacity),
+            cache,
             sampler: Sampler::with_isa(sampling, cfg.vocab_size, model.isa()),
             logits: vec![0.0; cfg.vocab_size],
             chosen: 0,

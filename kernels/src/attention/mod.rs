@@ -57,7 +57,7 @@ pub trait KvBlocks: Sync {
 }
 
 /// One contiguous cache, `[NH, t_max, HS]` for K and for V: a single block of `t_max` positions.
-pub struct Contiguous<'a> {
+pub(crate) struct Contiguous<'a> {
     pub k: &'a [f32],
     pub v: &'a [f32],
     pub t_max: usize,

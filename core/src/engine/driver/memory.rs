@@ -64,19 +64,24 @@ impl Engine {
     }
 
     pub(super) fn gauges(&self) -> Gauges {
-        let tables = || self.slots.iter().flat_map(|s| s.seq.cache().blocks());
-        let shared: HashSet<*const _> = tables().filter(|b| Arc::strong_count(b) > 1).map(Arc::as_ptr).collect();
+        // The distinct blocks the running sequences map, and those of them someone else holds too.
+        let (mut mapped, mut shared) = (HashSet::new(), 0);
+        for b in self.slots.iter().flat_map(|s| s.seq.cache().blocks()) {
+            if mapped.insert(Arc::as_ptr(b)) && Arc::strong_count(b) > 1 {
+                shared += 1;
+            }
+        }
         let block = self.pool.shape().bytes();
         Gauges {
             running: self.slots.len(),
             waiting: self.waiting.len() + self.preempted.len(),
-            kv_bytes: tables().map(Arc::as_ptr).collect::<HashSet<_>>().len() * block,
+            kv_bytes: mapped.len() * block,
             kv_tokens: self.slots.iter().map(|s| s.seq.cache().len()).sum(),
             cache_bytes: self.cache.bytes(),
             cache_tokens: self.cache.tokens(),
             pool_blocks: self.pool.total_blocks(),
             pool_used: self.pool.used_blocks(),
-            blocks_shared: shared.len(),
+            blocks_shared: shared,
             preemptions: self.preemptions,
             stats: self.cache.stats,
         }

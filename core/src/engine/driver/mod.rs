@@ -22,11 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-/// Where the engine's KV-cache events go, and the block size they count in.
-pub(super) struct KvEventSink {
-    pub tx: tokio::sync::mpsc::UnboundedSender<Vec<BlockEvent>>,
-    pub block_size: usize,
-}
+/// Where the engine's KV-cache events go (they count in the pool's blocks).
+pub(super) type KvEventSink = tokio::sync::mpsc::UnboundedSender<Vec<BlockEvent>>;
 
 pub(super) struct Engine {
     cfg: EngineConfig,
@@ -47,10 +44,11 @@ pub(super) struct Engine {
 }
 
 impl Engine {
+    /// An engine over `pool`, counting its sequences in `inflight` (both shared with the handle).
     pub fn new(
         model: Arc<Model>,
         cfg: EngineConfig,
-        inflight: Arc<AtomicUsize>,
+        (pool, inflight): (Pool, Arc<AtomicUsize>),
         kv_events: Option<KvEventSink>,
     ) -> Engine {
         let mut cache = PrefixCache::new(cfg.cache_bytes);
@@ -60,7 +58,7 @@ impl Engine {
         Engine {
             kv_events,
             cache,
-            pool: Pool::new(&model.config, cfg.kv_block_size, cfg.kv_blocks(&model)),
+            pool,
             runner: Runner::new(model, cfg.max_rows()),
             cfg,
             slots: vec![],
@@ -113,10 +111,10 @@ impl Engine {
     /// events, if whole blocks changed.
     fn report_cache(&mut self) {
         let Some(sink) = &self.kv_events else { return };
-        let changes = self.cache.take_changes();
-        let batch: Vec<BlockEvent> = changes.iter().filter_map(|c| block_event(c, sink.block_size)).collect();
+        let (changes, block) = (self.cache.take_changes(), self.pool.shape().positions);
+        let batch: Vec<BlockEvent> = changes.iter().filter_map(|c| block_event(c, block)).collect();
         if !batch.is_empty() {
-            let _ = sink.tx.send(batch); // nobody listening any more is no error
+            let _ = sink.send(batch); // nobody listening any more is no error
         }
     }
 
@@ -227,8 +225,8 @@ impl Engine {
     }
 
     /// Starts sequence `id` from the `cached` tokens of its ids the plan found in the prompt
-    /// cache (their blocks mapped, held until it ends). A preempted sequence resumes this way,
-    /// keeping what its first start reported.
+    /// cache (their blocks mapped; the path held until its prompt is in the tree). A preempted
+    /// sequence resumes this way, keeping what its first start reported.
     fn start(&mut self, id: u64, cached: usize, monitor: &mut dyn Monitor) {
         let Some(i) = self.slots.iter().position(|s| s.id == id) else { return };
         let s = &mut self.slots[i];
@@ -236,9 +234,12 @@ impl Engine {
         let restored = s.seq.map_prefix(&found.blocks, found.len);
         if s.first_token.is_none() {
             s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
-            s.cached = found.len;
+            (s.cached, s.hold) = (found.len, Some(found.hold));
+        } else {
+            // A resumed sequence's prompt is in the tree already (see `update`): nothing to hold.
+            self.cache.release(found.hold);
         }
-        (s.hold, s.phase) = (Some(found.hold), Phase::Prefilling);
+        s.phase = Phase::Prefilling;
         if let Err(e) = restored {
             let s = self.slots.remove(i);
             s.send(Event::Error(e.to_string()));
