@@ -1,6 +1,7 @@
 //! Kernel throughput at DistilGPT-2 shapes: matmul over packed weights (f32, f16, int8) for
 //! decode (T=1, reported as weight bytes/s) and prefill (T=128, reported as FLOP/s as
-//! "elements"), the tied vocabulary projection, and attention over a 512-position cache.
+//! "elements"), the tied vocabulary projection, and attention over a 512-position cache (decode;
+//! prefill over contiguous and block-table K/V).
 //! Run: `cargo bench -p kvgpt-kernels --bench kernels` (single thread unless RAYON_NUM_THREADS is
 //! set; the sgemm yardsticks always one thread).
 
@@ -78,6 +79,97 @@ fn attention_decode(c: &mut Criterion) {
     });
 }
 
+/// K/V of one layer in blocks of `b` positions, each block allocated on its own and as large as a
+/// whole DistilGPT-2 block (6 layers), as the engine's pool holds them; layer 0 is read.
+struct Scattered {
+    blocks: Vec<Vec<f32>>,
+    b: usize,
+    nh: usize,
+    hs: usize,
+}
+
+impl Scattered {
+    fn of(k: &[f32], v: &[f32], nh: usize, hs: usize, t_max: usize, b: usize) -> Scattered {
+        let blocks = (0..t_max.div_ceil(b))
+            .map(|j| {
+                let mut block = vec![0.0; 6 * 2 * nh * b * hs];
+                for (part, src) in [k, v].into_iter().enumerate() {
+                    for h in 0..nh {
+                        for r in 0..b.min(t_max - j * b) {
+                            let dst = ((part * nh + h) * b + r) * hs;
+                            block[dst..dst + hs].copy_from_slice(&src[(h * t_max + j * b + r) * hs..][..hs]);
+                        }
+                    }
+                }
+                block
+            })
+            .collect();
+        Scattered { blocks, b, nh, hs }
+    }
+}
+
+impl KvBlocks for Scattered {
+    fn block(&self) -> usize {
+        self.b
+    }
+    fn k(&self, j: usize, h: usize) -> &[f32] {
+        &self.blocks[j][h * self.b * self.hs..][..self.b * self.hs]
+    }
+    fn v(&self, j: usize, h: usize) -> &[f32] {
+        &self.blocks[j][(self.nh + h) * self.b * self.hs..][..self.b * self.hs]
+    }
+}
+
+/// The contiguous cache read in blocks of `b` positions: the blocks' loop without their placement.
+struct Chunked<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    t_max: usize,
+    b: usize,
+    hs: usize,
+}
+
+impl KvBlocks for Chunked<'_> {
+    fn block(&self) -> usize {
+        self.b
+    }
+    fn k(&self, j: usize, h: usize) -> &[f32] {
+        &self.k[(h * self.t_max + j * self.b) * self.hs..][..self.b * self.hs]
+    }
+    fn v(&self, j: usize, h: usize) -> &[f32] {
+        &self.v[(h * self.t_max + j * self.b) * self.hs..][..self.b * self.hs]
+    }
+}
+
+/// Prefill attention (512 queries after 512 cached positions, 12 heads of 64) over the contiguous
+/// cache, over the same memory read in blocks of 16, and over blocks of 16 and 64 placed apart as
+/// the pool places them (issue #34): what the block loop costs, and what the placement costs.
+fn attention_blocks_prefill(c: &mut Criterion) {
+    let isa = Isa::detect();
+    let (nh, hs, t_max, p, t) = (12, 64, 1024, 512, 512);
+    let q = data(t * 3 * nh * hs, 6);
+    let (kc, vc) = (data(nh * t_max * hs, 7), data(nh * t_max * hs, 8));
+    let mut out = vec![0.0; t * nh * hs];
+    let mut scratch = vec![0.0; 2 * nh * t_max];
+    let dims = AttnDims { t, p, nh, hs, t_max, scale: 0.125 };
+    let mut g = c.benchmark_group("attention_prefill_512_after_512");
+    g.sample_size(10);
+    g.bench_function("contiguous", |b| {
+        b.iter(|| attention(isa, black_box(&mut out), None, &q, 3 * nh * hs, &kc, &vc, &mut scratch, dims))
+    });
+    let chunked = Chunked { k: &kc, v: &vc, t_max, b: 16, hs };
+    g.bench_function("contiguous_in_blocks_of_16", |b| {
+        b.iter(|| attention_blocks(isa, black_box(&mut out), None, &q, 3 * nh * hs, &chunked, &mut scratch, dims))
+    });
+    for block in [16, 64] {
+        let kv = Scattered::of(&kc, &vc, nh, hs, t_max, block);
+        g.bench_function(format!("scattered_blocks_of_{block}"), |b| {
+            b.iter(|| attention_blocks(isa, black_box(&mut out), None, &q, 3 * nh * hs, &kv, &mut scratch, dims))
+        });
+    }
+    g.finish();
+}
+
 /// Our packed matmul beside two well-tuned Rust sgemms (yardsticks, issue #10) at the GPT-2
 /// shapes, one thread each, f32, `out = inp @ W` (+ bias for ours, which costs one pass over the
 /// output): `matrixmultiply` (BLIS-style, runtime-dispatched) and `gemm` (the one candle uses).
@@ -146,5 +238,5 @@ fn sgemm_yardsticks(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmuls, vocab_projection, attention_decode, sgemm_yardsticks);
+criterion_group!(benches, matmuls, vocab_projection, attention_decode, attention_blocks_prefill, sgemm_yardsticks);
 criterion_main!(benches);
