@@ -115,3 +115,19 @@ fn a_request_the_whole_pool_cannot_hold_is_refused_naming_kv_mb() {
     let fits = s.handle.submit(request(&[1, 2, 3], 40, Sampling::GREEDY)).unwrap();
     assert_eq!(ids(fits).len(), 40);
 }
+
+#[test]
+fn serve_refuses_a_pool_that_holds_no_block_and_a_size_that_is_not_one() {
+    let model = fixture_dir();
+    let model = model.to_str().unwrap();
+    for (mb, want) in [
+        ("0.001", "the K/V pool holds no block of 16384 bytes: give --kv-mb at least 0.02"),
+        ("-3", "'-3' is not a size in megabytes"),
+        ("0", "'0' is not a size in megabytes"),
+        ("abc", "'abc' is not a size in megabytes"),
+    ] {
+        let out = kvgpt_within(&["serve", "--model", model, "--port", "0", "--kv-mb", mb], &[], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "--kv-mb {mb}: {err}");
+    }
+}
