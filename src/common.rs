@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvgpt_core::{hub, Isa, LoadSpec, Loaded, Locate, ModelFiles, Sampling, WeightType};
+use kvgpt_core::{hub, Isa, KvSpec, LoadSpec, Loaded, Locate, ModelFiles, Sampling, WeightType};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
@@ -32,6 +32,12 @@ pub struct ModelArgs {
     /// the same bits; this is for measuring one against another.
     #[arg(long, value_name = "NAME")]
     pub isa: Option<String>,
+    /// Positions per K/V block (1 to 4096): a cache takes its memory a block at a time as tokens
+    /// arrive (the server's pool, the prompt cache and the KV events count in these blocks;
+    /// vllm-router's default is 16). Every size gives the same bits; small blocks cost some speed
+    /// at long contexts, large ones leave up to a block unused per sequence.
+    #[arg(long, value_name = "N", default_value_t = kvgpt_core::kv_cache::DEFAULT_BLOCK)]
+    pub kv_block_size: usize,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -146,6 +152,7 @@ impl ModelArgs {
             offline: self.offline,
             dtype: self.weight_type(),
             isa: chosen_isa(self)?,
+            kv: KvSpec::new(self.kv_block_size)?,
         })
     }
 }

@@ -91,10 +91,6 @@ pub struct KvEventArgs {
     /// The events' topic (the first frame of every message; vllm-router's static sources use "").
     #[arg(long, value_name = "TOPIC", default_value = "")]
     pub kv_events_topic: String,
-    /// Positions per K/V block of the pool, and tokens per block in the KV events (a router counts
-    /// whole blocks; vllm-router's default is 16).
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
-    pub kv_block_size: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -126,7 +122,6 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
             endpoint: k.kv_events.clone(),
             replay: k.kv_events_replay.clone(),
             topic: k.kv_events_topic.clone(),
-            block_size: k.kv_block_size as usize,
         },
         host: a.host.clone(),
         port: a.port,

@@ -260,7 +260,6 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
                     max_queue: 0,
                     draft: None,
                     kv_events: false,
-                    kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
                     kv_bytes: None,
                 },
             )
@@ -297,7 +296,6 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
             max_queue: 0,
             draft: None,
             kv_events: false,
-            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
             kv_bytes: None,
         },
     );
@@ -336,7 +334,6 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
                 max_queue: 0,
                 draft: None,
                 kv_events: false,
-                kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
                 kv_bytes: None,
             },
         )
@@ -373,7 +370,6 @@ fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
         max_queue: 1,
         draft: None,
         kv_events: false,
-        kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
         kv_bytes: None,
     };
     let engine::Spawned { handle: h, thread, .. } = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();

@@ -19,7 +19,8 @@ impl Monitor for Last {
     }
 }
 
-const BLOCK: usize = 16;
+/// The pool's block: the default (`--kv-block-size`).
+const BLOCK: usize = kvgpt_core::kv_cache::DEFAULT_BLOCK;
 /// The tiny model's K/V of one block: 16 positions × 2 layers × (K, V) × 64 floats × 4 bytes.
 const BLOCK_BYTES: usize = BLOCK * 2 * 2 * 64 * 4;
 
@@ -31,7 +32,6 @@ fn config(blocks: usize) -> EngineConfig {
         max_queue: 64,
         draft: None,
         kv_events: false,
-        kv_block_size: BLOCK,
         kv_bytes: Some(blocks * BLOCK_BYTES),
     }
 }
@@ -129,5 +129,46 @@ fn serve_refuses_a_pool_that_holds_no_block_and_a_size_that_is_not_one() {
         let out = kvgpt_within(&["serve", "--model", model, "--port", "0", "--kv-mb", mb], &[], "");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(want), "--kv-mb {mb}: {err}");
+    }
+}
+
+/// `--kv-block-size` on the commands that decode: HF's greedy ids and the same surprisal bits
+/// for blocks of 1, 3 and 16 positions and one block of the whole context (128).
+#[test]
+fn every_block_size_gives_hf_greedy_ids_and_the_same_surprisal_bits() {
+    let (reference, m) = (Reference::load(), model());
+    let prompts = reference.prompts();
+    let long = prompts.iter().filter(|p| p.loss.is_some()).max_by_key(|p| p.ids.len()).unwrap();
+    let mut surprisals = Vec::new();
+    for block in ["1", "3", "16", "128"] {
+        for p in &prompts {
+            let n = p.greedy_ids.len().to_string();
+            let args =
+                ["generate", &p.text, "--model", &m, "-n", &n, "--ignore-eos", "--json", "--kv-block-size", block];
+            let (out, _) = ok(&kvgpt_within(&args, &[], ""));
+            let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let ids: Vec<u32> =
+                j["generated_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+            assert_eq!(ids, p.greedy_ids, "{} with blocks of {block}", p.key);
+        }
+        let (out, _) =
+            ok(&kvgpt_within(&["score", "--model", &m, "--json", "--kv-block-size", block, &long.text], &[], ""));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let loss = j["mean_loss"].as_f64().unwrap();
+        assert!(
+            (loss - long.loss.unwrap()).abs() <= 1e-4,
+            "blocks of {block}: loss {loss} vs HF {}",
+            long.loss.unwrap()
+        );
+        let bits: Vec<u64> =
+            j["tokens"].as_array().unwrap().iter().map(|t| t["surprisal"].as_f64().unwrap().to_bits()).collect();
+        assert_eq!(bits.len(), long.ids.len() - 1);
+        surprisals.push(bits);
+    }
+    assert!(surprisals.windows(2).all(|w| w[0] == w[1]), "every block size gives the same bits");
+    for bad in ["0", "4097"] {
+        let out = kvgpt_within(&["generate", "Hi", "--model", &m, "--kv-block-size", bad], &[], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("a block holds 1 to 4096 positions"), "{bad}: {err}");
     }
 }

@@ -310,7 +310,6 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
             max_queue: 8,
             draft,
             kv_events: false,
-            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
             kv_bytes: None,
         };
         let engine::Spawned { handle: h, thread, .. } =

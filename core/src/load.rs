@@ -1,9 +1,10 @@
 //! Loading a model: its files located ([`crate::hub`]), the weights held as asked, the tokenizer
 //! checked against the config. [`LoadSpec`] is what every front end asks for (the CLI's
-//! `--model --offline --dtype --isa`, the server's, Python's `kvgpt.load`).
+//! `--model --offline --dtype --isa --kv-block-size`, the server's, Python's `kvgpt.load`).
 
 use crate::error::{Error, Result};
 use crate::hub::{Locate, ModelFiles};
+use crate::kv_cache::KvSpec;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 use crate::weights;
@@ -27,6 +28,8 @@ pub struct LoadSpec {
     pub dtype: Option<WeightType>,
     /// The kernels' instruction set (None: the best this CPU has).
     pub isa: Option<Isa>,
+    /// How its caches hold K/V (`--kv-block-size`).
+    pub kv: KvSpec,
 }
 
 impl LoadSpec {
@@ -46,6 +49,7 @@ impl LoadSpec {
         if let Some(isa) = self.isa {
             loaded.model = loaded.model.with_isa(isa);
         }
+        loaded.model = loaded.model.with_kv(self.kv);
         Ok(loaded)
     }
 

@@ -21,11 +21,19 @@ __all__ = ["load", "Model", "KvCache", "Stream", "AttentionView", "chat_template
            "create_chat_completion"]
 
 
-def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> "Model":
+def load(
+    model: str,
+    dtype: Optional[str] = None,
+    threads: Optional[int] = None,
+    offline: bool = False,
+    kv_block_size: Optional[int] = None,
+) -> "Model":
     """Loads a model folder, a GGUF file or a Hugging Face Hub id, as `kvgpt --model` finds them.
     `dtype` converts the weight matrices (default: as the file stores them, f32 from
-    safetensors); `threads` sizes the model's thread pool (default: one per core)."""
-    return Model(_kvgpt.load(model, dtype=dtype, threads=threads, offline=offline))
+    safetensors); `threads` sizes the model's thread pool (default: one per core);
+    `kv_block_size` is `--kv-block-size`: positions per K/V block (default 16; every size gives
+    the same bits)."""
+    return Model(_kvgpt.load(model, dtype=dtype, threads=threads, offline=offline, kv_block_size=kv_block_size))
 
 
 class Model:

@@ -11,7 +11,13 @@ from ._kvgpt import KvCache as KvCache
 from ._kvgpt import Stream as Stream
 from ._kvgpt import chat_template as chat_template
 
-def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> Model: ...
+def load(
+    model: str,
+    dtype: Optional[str] = None,
+    threads: Optional[int] = None,
+    offline: bool = False,
+    kv_block_size: Optional[int] = None,
+) -> Model: ...
 
 class CompletionKw(TypedDict, total=False):
     max_tokens: int  # 16 (create_chat_completion: 64)

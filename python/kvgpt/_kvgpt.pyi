@@ -36,7 +36,13 @@ class Scored(TypedDict):
     ids: List[int]
     surprisal: List[float]
 
-def load(model: str, dtype: Optional[str] = None, threads: Optional[int] = None, offline: bool = False) -> Model: ...
+def load(
+    model: str,
+    dtype: Optional[str] = None,
+    threads: Optional[int] = None,
+    offline: bool = False,
+    kv_block_size: Optional[int] = None,
+) -> Model: ...
 def chat_template(messages: List[Dict[str, str]]) -> str: ...
 # Where a chat answer ends: the next turn's label, "\nUser:".
 CHAT_STOP: str

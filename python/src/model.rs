@@ -3,7 +3,7 @@
 use crate::errors::{arg, py_err};
 use kvgpt_core::engine::{self, EngineConfig, NoMonitor};
 use kvgpt_core::openai::Served;
-use kvgpt_core::{KvCache, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
+use kvgpt_core::{KvSpec, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -74,7 +74,6 @@ impl Engine {
             max_queue: MAX_QUEUE,
             draft: None,
             kv_events: false,
-            kv_block_size: kvgpt_core::kv_cache::DEFAULT_BLOCK,
             kv_bytes: None,
         };
         let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
@@ -100,7 +99,7 @@ impl Engine {
         kvgpt_core::generate::check_context(self.model(), ids.len(), 0).map_err(py_err)?;
         self.run(py, |l| {
             let cfg = &l.model.config;
-            let mut cache = KvCache::with_capacity(cfg, ids.len());
+            let mut cache = l.model.new_cache(ids.len());
             let mut scratch = Scratch::new(cfg, ids.len());
             let mut logits = vec![0.0f32; rows * cfg.vocab_size];
             l.model.forward(ids, &mut cache, &mut scratch, &mut tap, &mut logits)?;
@@ -167,20 +166,24 @@ fn weight_type(name: &str) -> PyResult<WeightType> {
 /// Loads a model folder, a GGUF file or a Hugging Face Hub id, as `kvgpt --model` finds them.
 /// `dtype` converts the weight matrices (default: as the file stores them; f32 from
 /// safetensors); `threads` sizes the model's thread pool (default: one per core); `offline`
-/// uses only the local Hugging Face cache.
+/// uses only the local Hugging Face cache; `kv_block_size` is `--kv-block-size` (positions per
+/// K/V block; the same bits for every size).
 #[pyfunction]
-#[pyo3(signature = (model, dtype=None, threads=None, offline=false))]
+#[pyo3(signature = (model, dtype=None, threads=None, offline=false, kv_block_size=None))]
 pub fn load(
     py: Python<'_>,
     model: &str,
     dtype: Option<&str>,
     threads: Option<Bound<'_, PyAny>>,
     offline: bool,
+    kv_block_size: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Model> {
     let dtype = dtype.map(weight_type).transpose()?;
     let threads: Option<usize> = threads.map(|t| arg(&t, "threads")).transpose()?;
+    let block: Option<usize> = kv_block_size.map(|b| arg(&b, "kv_block_size")).transpose()?;
+    let kv = block.map(KvSpec::new).transpose().map_err(py_err)?.unwrap_or_default();
     let pool = kvgpt_core::threads::pool(threads, "kvgpt-kernel").map_err(py_err)?;
-    let spec = LoadSpec { model: model.to_string(), offline, dtype, isa: None };
+    let spec = LoadSpec { model: model.to_string(), offline, dtype, isa: None, kv };
     let loaded = py
         .detach(|| {
             pool.install(|| {
@@ -223,6 +226,7 @@ impl Model {
         d.set_item("eos_token_id", c.eos_token_id)?;
         d.set_item("dtype", m.weights_dtype())?;
         d.set_item("isa", m.isa().name())?;
+        d.set_item("kv_block_size", m.kv().block())?;
         d.set_item("threads", self.e.pool.current_num_threads())?;
         Ok(d)
     }

@@ -7,6 +7,9 @@ import subprocess
 import numpy as np
 import pytest
 
+import kvgpt
+from conftest import FIXTURE
+
 TOL = 1e-4
 
 
@@ -102,6 +105,28 @@ def test_greedy_ids_and_the_cli_bits(model, reference, kvgpt_binary):
     toks = list(s)
     assert [t["id"] for t in toks][: len(g["ids"])] == g["ids"]
     assert "".join(t["text"] for t in toks) == g["text"] and s.result["ids"] == g["ids"]
+
+
+def test_kv_block_size_keeps_hf_greedy_ids_and_the_same_hidden_bits(model, reference):
+    """`load(kv_block_size=…)` is `--kv-block-size`: blocks of 1 position or the whole context
+    give HF's greedy ids and the bits of the default 16; a size out of range is refused."""
+    doc, _ = reference
+    p = max(doc["prompts"], key=lambda p: len(p["input_ids"]))
+    n = min(len(p["greedy"]["ids"]), 128 - len(p["input_ids"]))
+    def bits(kv):
+        layers = range(model.config["n_layer"])
+        return [kv.logits.tobytes()] + [kv.k(i).tobytes() + kv.v(i).tobytes() for i in layers]
+
+    assert model.config["kv_block_size"] == 16
+    want = bits(model.kv_cache(p["text"]))
+    for block in (1, 128):
+        m = kvgpt.load(str(FIXTURE), threads=2, kv_block_size=block)
+        assert m.config["kv_block_size"] == block
+        assert m.generate(p["text"], max_tokens=n, ignore_eos=True)["ids"] == p["greedy"]["ids"][:n]
+        assert bits(m.kv_cache(p["text"])) == want, block
+    for bad in (0, 4097):
+        with pytest.raises(ValueError, match="a block holds 1 to 4096 positions"):
+            kvgpt.load(str(FIXTURE), kv_block_size=bad)
 
 
 def test_every_hook_is_there_with_its_shape_and_names_records_only_those(model):

@@ -42,8 +42,6 @@ pub struct KvEventOptions {
     pub replay: Option<String>,
     /// The events' topic (the first frame of every message).
     pub topic: String,
-    /// Tokens per block in the events.
-    pub block_size: usize,
 }
 
 /// Peers each socket serves at once; more are turned away.
@@ -117,7 +115,8 @@ struct Published {
 }
 
 /// Binds the sockets and starts publishing (and answering replays); None without an endpoint.
-pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option<Publisher>> {
+/// Binds the sockets of events over blocks of `block_size` tokens (the pool's).
+pub async fn bind_sockets(o: &KvEventOptions, block_size: usize, metrics: Metrics) -> Result<Option<Publisher>> {
     let Some(endpoint) = &o.endpoint else { return Ok(None) };
     let (listener, bound) = bind(endpoint, "--kv-events").await?;
     let kept = Kept::default();
@@ -134,7 +133,7 @@ pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option
     let (live, _) = broadcast::channel(LAG);
     let live_ = live.clone();
     tokio::spawn(accept(listener, move |s| subscriber(s, live_.subscribe())));
-    let stream = Stream { topic: topic.clone(), block_size: o.block_size, kept, metrics, live };
+    let stream = Stream { topic: topic.clone(), block_size, kept, metrics, live };
     let source = Source { endpoint: bound, replay, topic: o.topic.clone() };
     let (tx, rx) = unbounded_channel();
     tokio::spawn(publish(rx, stream));
@@ -142,7 +141,7 @@ pub async fn bind_sockets(o: &KvEventOptions, metrics: Metrics) -> Result<Option
         "publishing KV-cache events on {} (topic {:?}, blocks of {} tokens{})",
         source.endpoint,
         source.topic,
-        o.block_size,
+        block_size,
         source.replay.as_ref().map_or(String::new(), |r| format!(", replay on {r}"))
     );
     Ok(Some(Publisher { source, tx }))

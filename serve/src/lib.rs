@@ -75,7 +75,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
     let local = listener.local_addr()?;
     tracing::info!("listening on http://{local} (loading the model; /health answers 503 until it is ready)");
     let metrics = metrics::Metrics::new(http::ROUTES.iter().map(|(path, _)| *path))?;
-    let publisher = kv_events::bind_sockets(&o.kv_events, metrics.clone()).await?;
+    let publisher = kv_events::bind_sockets(&o.kv_events, o.load.kv.block(), metrics.clone()).await?;
     let app = Arc::new(App {
         ready: OnceLock::new(),
         api_key: o.api_key.clone(),
@@ -102,7 +102,6 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         max_queue: o.max_queue,
         draft: drafting.map(|d| d.config),
         kv_events: publisher.is_some(),
-        kv_block_size: o.kv_events.block_size,
         kv_bytes: o.kv_bytes,
     };
     let threads = pool.current_num_threads();

@@ -57,9 +57,6 @@ impl ServeOptions {
         if self.parallel == 0 || self.batch_tokens == 0 {
             bail!("the server needs at least one slot (--parallel) and one row per step (--batch-tokens)");
         }
-        if self.kv_events.block_size == 0 {
-            bail!("--kv-block-size must be at least 1");
-        }
         if self.kv_events.replay.is_some() && self.kv_events.endpoint.is_none() {
             bail!("--kv-events-replay answers replays of the events --kv-events publishes: give --kv-events too");
         }

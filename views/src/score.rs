@@ -8,7 +8,7 @@
 
 use kvgpt_core::error::{Error, Result};
 use kvgpt_core::logprobs::Distribution;
-use kvgpt_core::{KvCache, Model, NoTap, Scratch};
+use kvgpt_core::{Model, NoTap, Scratch};
 use serde::Serialize;
 
 /// How one token fared.
@@ -66,7 +66,7 @@ pub fn score(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result
         )));
     }
     let v = cfg.vocab_size;
-    let mut cache = KvCache::with_capacity(cfg, window);
+    let mut cache = model.new_cache(window);
     let mut scratch = Scratch::new(cfg, ROWS);
     let mut logits = vec![0.0f32; ROWS * v];
     let (mut tokens, mut scored_to, mut windows) = (Vec::with_capacity(ids.len() - 1), 1, 0);

@@ -23,34 +23,27 @@ pub struct EngineConfig {
     /// Announce what the prompt cache stores and evicts as KV-cache events over the pool's
     /// blocks ([`super::Spawned::kv_events`]).
     pub kv_events: bool,
-    /// Positions per K/V block of the pool.
-    pub kv_block_size: usize,
     /// Bytes of the one K/V pool that running sequences and the prompt cache share (None: as
     /// much as every slot at the full context and the prompt cache's budget).
     pub kv_bytes: Option<usize>,
 }
 
 impl EngineConfig {
-    /// Refuses a configuration the engine cannot run: no slot, no row per step, blocks of no
-    /// tokens.
+    /// Refuses a configuration the engine cannot run: no slot, no row per step.
     pub fn check(&self) -> Result<(), String> {
         if self.parallel == 0 || self.batch_tokens == 0 {
             return Err("the engine needs at least one slot (parallel) and one row per step (batch_tokens)".into());
-        }
-        if self.kv_block_size == 0 {
-            return Err("K/V blocks need at least one position (kv_block_size)".into());
         }
         Ok(())
     }
 
     /// The K/V pool: `kv_bytes` (default: every slot at the full context and the prompt
-    /// cache's budget) in blocks of `kv_block_size` positions of the model's K/V.
+    /// cache's budget) in blocks of the model's K/V, as many positions each as [`Model::kv`] says.
     pub fn kv_pool(&self, model: &Model) -> Pool {
-        let cfg = &model.config;
+        let (cfg, positions) = (&model.config, model.kv().block());
         let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position(cfg);
         let bytes = self.kv_bytes.unwrap_or(full + self.cache_bytes);
-        let block = BlockShape::of(cfg, self.kv_block_size.max(1)).bytes();
-        Pool::new(cfg, self.kv_block_size, bytes / block.max(1))
+        Pool::new(cfg, positions, bytes / BlockShape::of(cfg, positions).bytes())
     }
 
     /// The most K/V bytes a draft model's caches can hold (every slot at the full context): they

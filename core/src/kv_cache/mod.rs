@@ -18,6 +18,40 @@ use crate::error::{Error, Result};
 use kvgpt_kernels::KvBlocks;
 use std::sync::Arc;
 
+/// How a model's caches hold K/V when nothing else says (`--kv-block-size`): positions per
+/// block. The logits are the same bits for every choice; it changes memory and speed only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvSpec {
+    block: usize,
+}
+
+impl Default for KvSpec {
+    fn default() -> KvSpec {
+        KvSpec { block: DEFAULT_BLOCK }
+    }
+}
+
+impl KvSpec {
+    /// The largest block a command accepts (a block holds every layer's K/V of its positions).
+    pub const MAX_BLOCK: usize = 4096;
+
+    /// A spec of `block` positions per block; errors, naming the flag, outside `1..=MAX_BLOCK`.
+    pub fn new(block: usize) -> Result<KvSpec> {
+        if !(1..=KvSpec::MAX_BLOCK).contains(&block) {
+            return Err(Error::Invalid(format!(
+                "a K/V block of {block} positions (--kv-block-size): a block holds 1 to {} positions; pick one in that range (16 is the default)",
+                KvSpec::MAX_BLOCK
+            )));
+        }
+        Ok(KvSpec { block })
+    }
+
+    /// Positions per block.
+    pub fn block(&self) -> usize {
+        self.block
+    }
+}
+
 pub struct KvCache {
     pool: Pool,
     /// Logical block → its block.

@@ -3,6 +3,7 @@
 use super::fingerprint::{self, Fingerprint, Part};
 use crate::config::Config;
 use crate::error::Result;
+use crate::kv_cache::{KvCache, KvSpec};
 use crate::weights::{names, Weights};
 use kvgpt_kernels::{self as k, Isa, PackedMatrix, WeightType};
 use rayon::prelude::*;
@@ -43,6 +44,8 @@ pub struct Model {
     /// How the matrices are held for computation (accumulation is always f32).
     pub dtype: WeightType,
     pub(super) isa: Isa,
+    /// How the caches made for it ([`Model::new_cache`]) hold K/V.
+    pub(super) kv: KvSpec,
     /// Every weight byte as held, hashed once at load ([`Model::fingerprint`]).
     pub(super) fingerprint: Fingerprint,
 }
@@ -123,6 +126,7 @@ impl Model {
             ln_f: LayerNorm::load(&ck, names::LN_F, c)?,
             dtype,
             isa: Isa::detect(),
+            kv: KvSpec::default(),
             fingerprint: Fingerprint([0; 32]),
             config,
         };
@@ -162,6 +166,21 @@ impl Model {
     pub fn with_isa(mut self, isa: Isa) -> Model {
         self.isa = isa;
         self
+    }
+
+    /// The same model whose caches hold K/V as `kv` says (the logits stay the same bits).
+    pub fn with_kv(mut self, kv: KvSpec) -> Model {
+        self.kv = kv;
+        self
+    }
+
+    pub fn kv(&self) -> KvSpec {
+        self.kv
+    }
+
+    /// A cache of its own for `capacity` positions, held as [`Model::kv`] says.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::with_blocks(&self.config, capacity, self.kv.block())
     }
 
     /// The dtype the weights are held in for computation.

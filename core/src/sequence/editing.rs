@@ -3,7 +3,6 @@
 
 use super::Sequence;
 use crate::error::{Error, Result};
-use crate::kv_cache::KvCache;
 use crate::model::Model;
 use crate::sampler::Sampling;
 
@@ -11,7 +10,7 @@ impl Sequence {
     /// A sequence with no ids yet and room for the model's whole context, extended turn by turn
     /// with [`Sequence::append_prompt`] (a chat).
     pub fn open(model: &Model, sampling: Sampling) -> Sequence {
-        Sequence::with_cache(model, KvCache::new(&model.config), sampling)
+        Sequence::with_cache(model, model.new_cache(model.config.n_positions), sampling)
     }
 
     /// Appends `new` ids, and makes the whole sequence so far the prompt (what penalties and

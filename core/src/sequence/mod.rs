@@ -85,7 +85,7 @@ impl Sequence {
         let (cfg, capacity) = (&model.config, prompt.len() + max_new.saturating_sub(1));
         let cache = match pool {
             Some(pool) => KvCache::in_pool(pool, cfg, capacity),
-            None => KvCache::with_capacity(cfg, capacity),
+            None => model.new_cache(capacity),
         };
         let mut seq = Sequence::with_cache(model, cache, sampling);
         seq.ids.extend_from_slice(prompt);

@@ -4,7 +4,6 @@
 
 use super::DraftSource;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
 use crate::model::{Model, Scratch};
 use crate::tap::NoTap;
 use std::time::Instant;
@@ -43,7 +42,7 @@ fn step_seconds(m: &Model, rows: usize) -> Result<f64> {
     let cfg = &m.config;
     let context = CONTEXT.min(cfg.n_positions.saturating_sub(rows)).max(1);
     let ids: Vec<u32> = (0..context + rows).map(|i| ((i * 7919 + 13) % cfg.vocab_size) as u32).collect();
-    let mut cache = KvCache::with_capacity(cfg, context + rows);
+    let mut cache = m.new_cache(context + rows);
     let mut scratch = Scratch::new(cfg, context.max(rows));
     m.run(&ids[..context], &mut cache, &mut scratch, &mut [])?;
     let mut logits = vec![0.0; rows * cfg.vocab_size];

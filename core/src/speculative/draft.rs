@@ -49,7 +49,7 @@ impl ModelDraft {
         let cfg = &model.config;
         let capacity = capacity.min(cfg.n_positions);
         ModelDraft {
-            cache: KvCache::with_capacity(cfg, capacity),
+            cache: model.new_cache(capacity),
             scratch: Scratch::new(cfg, DRAFT_CHUNK.min(capacity.max(1))),
             seen: Vec::with_capacity(capacity + 1),
             logits: vec![0.0; cfg.vocab_size],

@@ -23,6 +23,8 @@ pub struct Header {
     pub weight_bytes: usize,
     pub parameters: usize,
     pub kv_cache_bytes: usize,
+    /// Positions per K/V block (`--kv-block-size`).
+    pub kv_block_size: usize,
     pub peak_rss_bytes: u64,
     pub read_bandwidth_gb_s: f64,
     /// Depths were given (-d): rows are named `… @ dN`.
@@ -54,6 +56,7 @@ impl Header {
             weight_bytes: m.weight_bytes(),
             parameters: kvgpt_core::weights::parameter_count(cfg),
             kv_cache_bytes: KvCache::bytes_per_position(cfg) * cfg.n_positions,
+            kv_block_size: m.kv().block(),
             peak_rss_bytes,
             read_bandwidth_gb_s: bandwidth,
             depths,
@@ -132,6 +135,7 @@ pub struct RowReport<'a> {
     peak_rss_mb: f64,
     load_ms: f64,
     read_bandwidth_gb_s: f64,
+    kv_block_size: usize,
     isa: &'static str,
     cpu_features: &'a [&'static str],
     git: &'static str,
@@ -181,6 +185,7 @@ impl<'a> RowReport<'a> {
             peak_rss_mb: h.peak_rss_bytes as f64 / 1e6,
             load_ms: h.load_ms,
             read_bandwidth_gb_s: h.read_bandwidth_gb_s,
+            kv_block_size: h.kv_block_size,
             isa: h.isa,
             cpu_features: &h.cpu_features,
             git: h.git,
@@ -205,7 +210,7 @@ fn write_csv(out: &mut String, rows: &[RowReport]) -> Result {
         out,
         "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
          weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step,model,model_size_bytes,\
-         model_params,backend,n_depth"
+         model_params,backend,n_depth,kv_block_size"
     )?;
     // The model's name may hold a comma or a quote: quoted as CSV quotes a field.
     let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
@@ -213,7 +218,7 @@ fn write_csv(out: &mut String, rows: &[RowReport]) -> Result {
     for r in rows {
         writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             r.test,
             r.mode,
             r.prompt_tokens,
@@ -239,7 +244,8 @@ fn write_csv(out: &mut String, rows: &[RowReport]) -> Result {
             r.model_size_bytes,
             r.model_params,
             r.backend,
-            r.n_depth
+            r.n_depth,
+            r.kv_block_size
         )?;
     }
     Ok(())
@@ -279,7 +285,8 @@ fn md_header(out: &mut String, h: &Header) -> Result {
     let (w, kv, rss) = (mb(h.weight_bytes as f64), mb(h.kv_cache_bytes as f64), mb(h.peak_rss_bytes as f64));
     writeln!(
         out,
-        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB in blocks of {} | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        h.kv_block_size,
         rss / (w + kv),
         h.read_bandwidth_gb_s
     )?;

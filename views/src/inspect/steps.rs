@@ -76,7 +76,7 @@ pub fn cache_steps(model: &Model, tr: &mut Trace, layer: usize, head: usize) -> 
 /// positions of `cache`, and its last logits with `logits`, bit for bit.
 fn recomputed_matches(model: &Model, ids: &[u32], cache: &KvCache, logits: &[f32]) -> Result<bool> {
     let n = ids.len();
-    let mut fresh = KvCache::with_capacity(&model.config, n);
+    let mut fresh = model.new_cache(n);
     let mut got = vec![0.0; logits.len()];
     model.forward(ids, &mut fresh, &mut Scratch::new(&model.config, n), &mut NoTap, &mut got)?;
     let same_logits = got.iter().zip(logits).all(|(a, b)| a.to_bits() == b.to_bits());
