@@ -23,8 +23,7 @@ pub struct Header {
     pub weight_bytes: usize,
     pub parameters: usize,
     pub kv_cache_bytes: usize,
-    /// Positions per K/V block (`--kv-block-size`).
-    pub kv_block_size: usize,
+    pub kv_block_size: usize, // --kv-block-size
     pub peak_rss_bytes: u64,
     pub read_bandwidth_gb_s: f64,
     /// Depths were given (-d): rows are named `… @ dN`.
