@@ -8,8 +8,10 @@ mod common;
 
 use common::*;
 use kvgpt_core::engine::{self, block_on, CancelReason, EngineConfig, Event, Events, Gauges, Monitor, Request};
-use kvgpt_core::{generate, GenerateOptions, Model, Sampling};
-use std::sync::{Arc, Mutex};
+use kvgpt_core::kv_cache::Pool;
+use kvgpt_core::{generate, GenerateOptions, KvSpec, Model, Sampling};
+use proptest::prelude::*;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Keeps the gauges of the engine's last step.
 struct Last(Arc<Mutex<Gauges>>);
@@ -170,5 +172,160 @@ fn every_block_size_gives_hf_greedy_ids_and_the_same_surprisal_bits() {
         let out = kvgpt_within(&["generate", "Hi", "--model", &m, "--kv-block-size", bad], &[], "");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("a block holds 1 to 4096 positions"), "{bad}: {err}");
+    }
+}
+
+/// What a client does next in the property test below.
+#[derive(Clone, Debug)]
+enum Op {
+    /// `n` choices of one prompt: shared prefix `prefix` (of 3, 0..20 tokens) and its own tail.
+    Submit { prefix: usize, tail: Vec<u32>, max_new: usize, n: usize, seed: Option<u64> },
+    /// Cancels the `i`-th request submitted so far (modulo), finished or not.
+    Cancel(usize),
+    /// Drops the `i`-th request's event stream (the client leaves).
+    Leave(usize),
+    /// Reads the `i`-th request's answers to the end.
+    Wait(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let submit = (0..3usize, prop::collection::vec(1..50_000u32, 1..6), 1..30usize, 1..4usize, any::<Option<u64>>())
+        .prop_map(|(prefix, tail, max_new, n, seed)| Op::Submit { prefix, tail, max_new, n, seed });
+    prop_oneof![4 => submit, 1 => any::<usize>().prop_map(Op::Cancel), 1 => any::<usize>().prop_map(Op::Leave),
+        2 => any::<usize>().prop_map(Op::Wait)]
+}
+
+/// Checks on every step that the gauges are the pool's own accounting.
+struct Audit {
+    pool: Arc<OnceLock<Pool>>,
+    wrong: Arc<Mutex<Vec<String>>>,
+    last: Arc<Mutex<Gauges>>,
+}
+impl Monitor for Audit {
+    fn step(&mut self, g: &Gauges) {
+        *self.last.lock().unwrap() = *g;
+        let Some(pool) = self.pool.get() else { return };
+        let mut wrong = self.wrong.lock().unwrap();
+        if g.pool_used != pool.used_blocks() || g.pool_blocks != pool.total_blocks() {
+            wrong.push(format!("gauges {g:?} against the pool's {} of {}", pool.used_blocks(), pool.total_blocks()));
+        }
+        if g.blocks_shared > g.pool_used || g.pool_used > g.pool_blocks {
+            wrong.push(format!("impossible counts {g:?}"));
+        }
+    }
+}
+
+/// One submitted request: its choices' streams, what each asked, and whether it was cancelled.
+struct Sent {
+    rxs: Vec<Option<Events>>,
+    asks: Vec<(Vec<u32>, usize, Sampling)>,
+    cancelled: bool,
+}
+
+/// Reads one stream to its end: the tokens, and whether it ended by cancellation.
+fn read(rx: Events) -> Vec<u32> {
+    rx.filter_map(|e| match e {
+        Event::Token { id, .. } => Some(id),
+        Event::Error(e) => panic!("engine error: {e}"),
+        _ => None,
+    })
+    .collect()
+}
+
+fn solo(model: &Model, (prompt, max_new, sampling): &(Vec<u32>, usize, Sampling)) -> Vec<u32> {
+    let opts = GenerateOptions { max_new_tokens: *max_new, sampling: *sampling, stop_at_eos: false, use_cache: true };
+    generate(model, prompt, &opts, &mut |_, _| Ok(kvgpt_core::Step::Go)).unwrap().generated_ids
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+    /// Random submits (with `n` choices sharing a prompt), cancels, departures and reads over
+    /// pools of 64–256 positions in blocks of 1, 3 or 16: every finished answer is `generate()`
+    /// alone's bits and a cancelled one a prefix of them, the gauges equal the pool's accounting
+    /// on every step, and once everything ended and the prompt cache is flushed every block is
+    /// back (every reference count went to zero).
+    #[test]
+    fn random_clients_leave_every_block_back_and_the_gauges_true(
+        ops in prop::collection::vec(op(), 1..24),
+        block in prop::sample::select(vec![1usize, 3, 16]),
+        positions in 64..256usize,
+    ) {
+        static SOLO: OnceLock<Model> = OnceLock::new();
+        let loaded = load_fixture();
+        let solo_model = SOLO.get_or_init(|| Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
+        let model = Model::load(&loaded.files.config, &loaded.files.weights).unwrap();
+        let model = Arc::new(model.with_kv(KvSpec::new(block).unwrap()));
+        let bytes = positions.div_ceil(block) * (BLOCK_BYTES / BLOCK) * block;
+        let cfg = EngineConfig { parallel: 4, kv_bytes: Some(bytes), ..config(0) };
+        let (pool, wrong, last) = (Arc::new(OnceLock::new()), Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(Gauges::default())));
+        let audit = Audit { pool: pool.clone(), wrong: wrong.clone(), last: last.clone() };
+        let s = engine::spawn(model, cfg, Box::new(audit), None).unwrap();
+        let _ = pool.set(s.handle.kv_pool().clone());
+        let prefixes: Vec<Vec<u32>> = (0..3u32).map(|k| (0..[0, 8, 20][k as usize]).map(|t| 40 + 7 * t + k).collect()).collect();
+        let mut sent: Vec<Sent> = vec![];
+        for op in ops {
+            match op {
+                Op::Submit { prefix, tail, max_new, n, seed } => {
+                    let prompt: Vec<u32> = prefixes[prefix].iter().copied().chain(tail).collect();
+                    let sampling = |c: u64| seed.map_or(Sampling::GREEDY, |sd| Sampling { temperature: 0.9, seed: sd.wrapping_add(c), ..Sampling::GREEDY });
+                    let asks: Vec<_> = (0..n as u64).map(|c| (prompt.clone(), max_new, sampling(c))).collect();
+                    let rxs = s.handle.submit_all(asks.iter().map(|(p, m, smp)| request(p, *m, *smp)).collect()).unwrap();
+                    sent.push(Sent { rxs: rxs.into_iter().map(Some).collect(), asks, cancelled: false });
+                }
+                Op::Cancel(i) | Op::Leave(i) | Op::Wait(i) if sent.is_empty() => { let _ = i; }
+                Op::Cancel(i) => {
+                    let j = i % sent.len();
+                    let r = &mut sent[j];
+                    r.cancelled = true;
+                    for rx in r.rxs.iter().flatten() { s.handle.cancel(rx.id, CancelReason::Client); }
+                }
+                Op::Leave(i) => { let j = i % sent.len(); sent[j].rxs.iter_mut().for_each(|rx| drop(rx.take())); }
+                Op::Wait(i) => {
+                    let j = i % sent.len();
+                    check_answers(solo_model, &mut sent[j]);
+                }
+            }
+        }
+        for r in &mut sent { check_answers(solo_model, r); }
+        block_on(s.handle.flush_cache()).unwrap();
+        s.handle.drain();
+        s.thread.join().unwrap();
+        let wrong = wrong.lock().unwrap();
+        prop_assert!(wrong.is_empty(), "{:?}", &wrong[..wrong.len().min(3)]);
+        let g = *last.lock().unwrap();
+        prop_assert_eq!((g.running, g.waiting, g.pool_used), (0, 0, 0), "{:?}", g);
+        prop_assert_eq!(s.handle.kv_pool().used_blocks(), 0);
+    }
+}
+
+/// Reads a request's remaining streams: a finished answer is `generate()` alone's bits, a
+/// cancelled one a prefix of them.
+fn check_answers(model: &Model, r: &mut Sent) {
+    for (rx, ask) in r.rxs.iter_mut().zip(&r.asks) {
+        let Some(rx) = rx.take() else { continue };
+        let (got, want) = (read(rx), solo(model, ask));
+        if r.cancelled {
+            assert!(want.starts_with(&got), "a cancelled answer is a prefix of the solo one: {got:?} vs {want:?}");
+        } else {
+            assert_eq!(got, want, "{ask:?}: the same bits as alone");
+        }
+    }
+}
+
+/// Found by the property test: two choices of a 22-token prompt asking 28 tokens each (4 blocks
+/// each, the first shared) in a pool of 4 blocks. The second is preempted; the first must then
+/// finish alone, taking the prompt cache's copy of the partly filled block.
+#[test]
+fn two_choices_in_a_pool_for_one_both_finish_as_alone() {
+    let loaded = load_fixture();
+    let model = Model::load(&loaded.files.config, &loaded.files.weights).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|t| 42 + 7 * t).chain([1, 1]).collect();
+    let sampling = |c: u64| Sampling { temperature: 0.9, seed: 11 + c, ..Sampling::GREEDY };
+    let want: Vec<Vec<u32>> = (0..2).map(|c| solo(&model, &(prompt.clone(), 28, sampling(c)))).collect();
+    let cfg = EngineConfig { parallel: 4, kv_bytes: Some(4 * BLOCK_BYTES), ..config(0) };
+    let s = engine::spawn(Arc::new(model), cfg, Box::new(engine::NoMonitor), None).unwrap();
+    let rxs = s.handle.submit_all((0..2).map(|c| request(&prompt, 28, sampling(c))).collect()).unwrap();
+    for (rx, want) in rxs.into_iter().zip(want) {
+        assert_eq!(read(rx), want);
     }
 }

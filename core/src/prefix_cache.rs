@@ -34,6 +34,7 @@
 //! held, past a position. Splits change nothing a lookup can find, so they are not changes.
 
 use crate::kv_cache::{Block, BlockShape, KvCache};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 mod reuse;
@@ -167,16 +168,20 @@ impl PrefixCache {
         n.blocks.len() - usize::from(shared)
     }
 
-    /// Blocks that evicting every leaf nobody holds would give back to the pool now (those the
-    /// tree alone holds).
+    /// Blocks that evicting every entry nobody holds would give back to the pool now: those
+    /// whose every holder is an unheld node (a block may be two nodes' when a split falls inside
+    /// it; a node under a held one is held too, so unheld nodes can all be evicted, leaves first).
     pub fn evictable_blocks(&self) -> usize {
-        let alone = |b: &Arc<Block>| Arc::strong_count(b) == 1;
-        self.nodes
-            .iter()
-            .skip(1)
-            .filter(|n| n.alive && n.refs == 0)
-            .map(|n| n.blocks.iter().filter(|b| alone(b)).count())
-            .sum()
+        self.unheld_holders().values().filter(|&&(b, n)| Arc::strong_count(b) == n).count()
+    }
+
+    /// Each block unheld nodes hold, with how many of them hold it.
+    fn unheld_holders(&self) -> HashMap<*const Block, (&Arc<Block>, usize)> {
+        let mut out: HashMap<*const Block, (&Arc<Block>, usize)> = HashMap::new();
+        for b in self.nodes.iter().skip(1).filter(|n| n.alive && n.refs == 0).flat_map(|n| &n.blocks) {
+            out.entry(Arc::as_ptr(b)).or_insert((b, 0)).1 += 1;
+        }
+        out
     }
 
     /// The blocks of the path `path` (nodes from the root, whole), one per logical block of its
@@ -356,19 +361,21 @@ impl PrefixCache {
         self.evict_lru(false)
     }
 
-    /// Evicts the least recently used leaf that no request holds and that gives at least one
-    /// block back to the pool (one no sequence maps); false when there is none. For a pool that
-    /// needs blocks: a leaf whose blocks every sequence still maps would free nothing.
+    /// Evicts the least recently used leaf that no request holds and that holds a block only
+    /// unheld nodes hold (given back now, or once the parent that shares it goes next); false
+    /// when there is none. For a pool that needs blocks: a leaf whose blocks sequences still map
+    /// would free nothing.
     pub fn evict_for_pool(&mut self) -> bool {
         self.evict_lru(true)
     }
 
     fn evict_lru(&mut self, freeing: bool) -> bool {
-        let frees = |n: &Node| !freeing || n.blocks.iter().any(|b| Arc::strong_count(b) == 1);
+        let holders = if freeing { self.unheld_holders() } else { HashMap::new() };
+        let tree_only = |b: &Arc<Block>| holders.get(&Arc::as_ptr(b)).is_some_and(|&(_, n)| Arc::strong_count(b) == n);
         let victim = (1..self.nodes.len())
             .filter(|&i| {
                 let n = &self.nodes[i];
-                n.alive && n.children.is_empty() && n.refs == 0 && frees(n)
+                n.alive && n.children.is_empty() && n.refs == 0 && (!freeing || n.blocks.iter().any(tree_only))
             })
             .min_by_key(|&i| self.nodes[i].last_used);
         let Some(v) = victim else { return false };

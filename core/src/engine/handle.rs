@@ -96,6 +96,11 @@ impl EngineHandle {
         self.inflight.load(Ordering::Relaxed)
     }
 
+    /// The K/V pool the engine runs on (to read its accounting).
+    pub fn kv_pool(&self) -> &Pool {
+        &self.kv
+    }
+
     fn check(&self, r: &Request) -> Result<(), SubmitError> {
         r.sampling.check().map_err(|e| Error::Invalid(e.to_string()))?;
         check_prompt(&self.model, &r.prompt, r.max_new_tokens)?;
