@@ -17,7 +17,8 @@
 //! Modules by concern, each importing only those above it in this list:
 //! - `isa` (the instruction sets and their detection), `par` (the threads' split), `aligned`,
 //!   `math` (the elementary functions), `packed` (weight storage: layout, formats, filling);
-//! - `lanes`: the register vocabulary, a panel row in each ISA's registers;
+//! - `lanes`: the register vocabulary, a panel row in each ISA's registers; `kv`: how K/V rows
+//!   are held (`KvType`) and read as values or lanes;
 //! - `dispatch`: the one `kernels!` macro, which each concern below invokes for its own kernels;
 //! - `rows` (dot, sum, max, LayerNorm, softmax, GELU), `attention` (its one home), `int8`
 //!   (activation quantization and the integer block dot products of W8A8 and llama.cpp's types), `gemm` (sources, tiles, drivers; the reference).
@@ -30,6 +31,7 @@ mod dispatch;
 mod gemm;
 mod int8;
 mod isa;
+mod kv;
 mod lanes;
 mod math;
 mod packed;
@@ -40,6 +42,7 @@ pub use attention::{attention, attention_blocks, attention_scores, attention_sco
 pub use gemm::{matmul, matmul_packed};
 pub use int8::QuantizedActs;
 pub use isa::{cpu_features, Isa};
+pub use kv::{kv_load, kv_store, KvType};
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, widen_blocks, PackedMatrix, WeightType, NR,

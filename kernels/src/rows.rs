@@ -10,7 +10,7 @@ use crate::par::PAR_MIN_WORK;
 use rayon::prelude::*;
 
 /// Lanes of the fixed-order reductions (two AVX2 registers).
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 kernels! {
     [] fn sum_row(a: &[f32]) -> f32 = sum_body, sum_body;
@@ -66,7 +66,7 @@ pub fn exp_weights(isa: Isa, x: &mut [f32], max: f32) {
 
 /// Sums 16 lane partials in a fixed pairwise order.
 #[inline(always)]
-fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
+pub(crate) fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
@@ -75,24 +75,6 @@ fn reduce_lanes(mut acc: [f32; LANES]) -> f32 {
         width /= 2;
     }
     acc[0]
-}
-
-#[inline(always)]
-pub(crate) fn dot_body(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0.0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (xa, xb) in (&mut ca).zip(&mut cb) {
-        for l in 0..LANES {
-            acc[l] = xa[l].mul_add(xb[l], acc[l]);
-        }
-    }
-    for (l, (x, y)) in ca.remainder().iter().zip(cb.remainder()).enumerate() {
-        acc[l] = x.mul_add(*y, acc[l]);
-    }
-    reduce_lanes(acc)
 }
 
 #[inline(always)]

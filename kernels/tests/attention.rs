@@ -99,41 +99,42 @@ fn attention_case(nh: usize, hs: usize, t_max: usize) {
     }
 }
 
-/// K/V in blocks of `b` positions at shuffled places in one buffer: physical block `table[j]`
-/// holds logical block `j` as `[K, V][NH][b][HS]`.
+/// K/V in blocks of `b` positions at shuffled places in one buffer, held as `ty`: physical block
+/// `table[j]` holds logical block `j` as `[K, V][NH][b][W]` words.
 struct Paged {
     data: Vec<f32>,
     table: Vec<usize>,
     b: usize,
     nh: usize,
-    hs: usize,
+    w: usize,
+    ty: KvType,
 }
 
 impl Paged {
-    /// The contiguous `[NH, t_max, HS]` K and V, copied into blocks of `b` placed by `seed`.
-    fn of(k: &[f32], v: &[f32], nh: usize, hs: usize, t_max: usize, b: usize, seed: u64) -> Paged {
-        let n = t_max.div_ceil(b);
+    /// The contiguous `[NH, t_max, HS]` K and V, stored into blocks of `b` placed by `seed`.
+    fn of(k: &[f32], v: &[f32], (nh, hs, t_max): (usize, usize, usize), b: usize, ty: KvType, seed: u64) -> Paged {
+        let (n, w) = (t_max.div_ceil(b), ty.row_words(hs));
         let mut table: Vec<usize> = (0..n).collect();
         let mut g = Gen(seed);
         for i in (1..n).rev() {
             table.swap(i, ((g.next() + 1.0) / 2.0 * (i + 1) as f32) as usize % (i + 1));
         }
-        let mut data = vec![f32::NAN; n * 2 * nh * b * hs]; // unfilled rows are NaN
+        let mut data = vec![f32::NAN; n * 2 * nh * b * w]; // unfilled rows are NaN
         for (j, &phys) in table.iter().enumerate() {
             for (part, src) in [k, v].into_iter().enumerate() {
                 for h in 0..nh {
                     for r in 0..b.min(t_max - j * b) {
-                        let dst = (((phys * 2 + part) * nh + h) * b + r) * hs;
-                        data[dst..dst + hs].copy_from_slice(&src[(h * t_max + j * b + r) * hs..][..hs]);
+                        let dst = (((phys * 2 + part) * nh + h) * b + r) * w;
+                        kv_store(ty, &mut data[dst..dst + w], &src[(h * t_max + j * b + r) * hs..][..hs]);
                     }
                 }
             }
         }
-        Paged { data, table, b, nh, hs }
+        Paged { data, table, b, nh, w, ty }
     }
 
     fn rows(&self, j: usize, part: usize, h: usize) -> &[f32] {
-        let n = self.b * self.hs;
+        let n = self.b * self.w;
         &self.data[((self.table[j] * 2 + part) * self.nh + h) * n..][..n]
     }
 }
@@ -147,6 +148,56 @@ impl KvBlocks for Paged {
     }
     fn v(&self, j: usize, h: usize) -> &[f32] {
         self.rows(j, 1, h)
+    }
+    fn kv_type(&self) -> KvType {
+        self.ty
+    }
+}
+
+/// Each row of `x` (`[rows, HS]`) stored as `ty` and widened back: the values attention reads.
+fn as_stored(ty: KvType, x: &[f32], hs: usize) -> Vec<f32> {
+    let mut row = vec![0.0; ty.row_words(hs)];
+    let mut out = vec![0.0; x.len()];
+    for (o, r) in out.chunks_mut(hs).zip(x.chunks(hs)) {
+        kv_store(ty, &mut row, r);
+        kv_load(ty, o, &row);
+    }
+    out
+}
+
+/// Attention over K/V held as f16, bf16 or q8_0, in blocks anywhere, on every path: the bits of
+/// the contiguous f32 attention over the stored values widened (widening is exact, the chains
+/// are the same), for a prompt, a chunk after cached positions and a decode step.
+#[test]
+fn attention_over_typed_kv_is_the_f32_bits_of_the_stored_values_on_every_path() {
+    for (nh, hs, t_max) in [(2usize, 32usize, 40usize), (3, 64, 40), (2, 16, 40), (2, 17, 40)] {
+        let c = nh * hs;
+        let mut g = Gen(11 + hs as u64);
+        let (k, v) = (g.vec(nh * t_max * hs), g.vec(nh * t_max * hs));
+        let q = g.vec(t_max * 3 * c);
+        let scale = 1.0 / (hs as f32).sqrt();
+        let mut scratch = vec![0.0; 2 * nh * t_max];
+        for ty in [KvType::F16, KvType::Bf16, KvType::Q8_0].into_iter().filter(|t| t.unsupported(hs).is_none()) {
+            let (kw, vw) = (as_stored(ty, &k, hs), as_stored(ty, &v, hs));
+            for b in [1, 3, 16, t_max] {
+                let paged = Paged::of(&k, &v, (nh, hs, t_max), b, ty, b as u64);
+                for isa in Isa::available() {
+                    for (t, p) in [(33, 0), (5, 7), (1, 16), (1, 39)] {
+                        let d = AttnDims { t, p, nh, hs, t_max, scale };
+                        let qs = &q[p * 3 * c..];
+                        let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
+                        attention(Isa::scalar(), &mut want, None, qs, 3 * c, &kw, &vw, &mut scratch, d);
+                        attention_blocks(isa, &mut got, None, qs, 3 * c, &paged, &mut scratch, d);
+                        let what = format!("{} {} B={b} HS={hs} T={t} P={p}", ty.name(), isa.name());
+                        assert_eq!(bits(&got), bits(&want), "outputs, {what}");
+                        let (mut want_s, mut got_s) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);
+                        attention_scores(Isa::scalar(), &mut want_s, qs, 3 * c, &kw, d);
+                        attention_scores_blocks(isa, &mut got_s, qs, 3 * c, &paged, d);
+                        assert_eq!(bits(&got_s), bits(&want_s), "scores, {what}");
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -163,7 +214,7 @@ fn attention_over_blocks_is_the_contiguous_bits_whatever_the_block_size_and_plac
         let scale = 1.0 / (hs as f32).sqrt();
         let mut scratch = vec![0.0; 2 * nh * t_max];
         for b in [1, 2, 3, 16, t_max] {
-            let paged = Paged::of(&k, &v, nh, hs, t_max, b, b as u64);
+            let paged = Paged::of(&k, &v, (nh, hs, t_max), b, KvType::F32, b as u64);
             for isa in Isa::available() {
                 for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33)] {
                     let d = AttnDims { t, p, nh, hs, t_max, scale };

@@ -308,3 +308,48 @@ fn blocks_no_ggml_quantizer_writes_are_refused() {
     let mut m = PackedMatrix::zeros(64, 1, WeightType::Q4_0);
     assert!(m.set_col_blocks(0, &[0u8; 18]).unwrap_err().contains("18 bytes of q4_0 blocks for a row of 64"));
 }
+
+/// K/V rows held as q8_0 are the blocks gguf-py's quantizer writes (the fixture's 64-value rows,
+/// byte for byte); as f16 and bf16, the `half` crate's roundings to nearest even; and widening a
+/// stored row gives its values exactly (`d · q`, the halves), so storing them again changes nothing.
+#[test]
+fn kv_rows_are_the_blocks_gguf_py_writes_and_half_s_halves() {
+    use kvgpt_kernels::{kv_load, kv_store, KvType};
+    let case = &fixture()["quantized"]["Q8_0"];
+    let k = case["k"].as_u64().unwrap() as usize;
+    let w = floats(&unhex(case["weights"].as_str().unwrap()));
+    let raw = unhex(case["bytes"].as_str().unwrap());
+    let per_row = KvType::Q8_0.row_bytes(k);
+    assert_eq!((k, per_row, KvType::Q8_0.row_words(k)), (64, 68, 17));
+    for (c, x) in w.chunks(k).enumerate() {
+        let mut row = vec![0.0f32; KvType::Q8_0.row_words(k)];
+        kv_store(KvType::Q8_0, &mut row, x);
+        let bytes: Vec<u8> = row.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        assert_eq!(&bytes[..per_row], &raw[c * per_row..(c + 1) * per_row], "row {c} as q8_0");
+        let mut wide = vec![0.0f32; k];
+        kv_load(KvType::Q8_0, &mut wide, &row);
+        let want: Vec<f32> =
+            (0..k).map(|i| h(&bytes, i / 32 * 34) * bytes[i / 32 * 34 + 2 + i % 32] as i8 as f32).collect();
+        assert_eq!(bits(&wide), bits(&want), "row {c} widened");
+        let mut again = vec![0.0f32; row.len()];
+        kv_store(KvType::Q8_0, &mut again, &wide);
+        assert_eq!(bits(&again), bits(&row), "row {c}: storing the widened values again");
+    }
+    let mut g = Gen(5);
+    let mut x = g.vec(37);
+    x.extend([0.0, -0.0, 1e-8, 65504.0, 70000.0, -3.0e38, 1.5e-5]);
+    for (ty, conv) in [
+        (KvType::F16, (|v: f32| f16::from_f32(v).to_f32()) as fn(f32) -> f32),
+        (KvType::Bf16, |v: f32| half::bf16::from_f32(v).to_f32()),
+    ] {
+        let mut row = vec![0.0f32; ty.row_words(x.len())];
+        kv_store(ty, &mut row, &x);
+        let mut wide = vec![0.0f32; x.len()];
+        kv_load(ty, &mut wide, &row);
+        let want: Vec<f32> = x.iter().map(|&v| conv(v)).collect();
+        assert_eq!(bits(&wide), bits(&want), "{}", ty.name());
+        let mut again = vec![0.0f32; row.len()];
+        kv_store(ty, &mut again, &wide);
+        assert_eq!(bits(&again), bits(&row), "{}: storing the widened values again", ty.name());
+    }
+}

@@ -12,8 +12,9 @@
 
 use crate::dispatch::kernels;
 use crate::isa::Isa;
+use crate::kv::{Bf16s, F16s, F32s, KvType, Q8s, RowFormat};
 use crate::par::{SendPtr, PAR_MIN_WORK};
-use crate::rows::{dot_body, softmax};
+use crate::rows::{reduce_lanes, softmax, LANES};
 use rayon::prelude::*;
 
 // One dispatch per query and head: the loop over the blocks, and the reads of the block table,
@@ -44,16 +45,34 @@ pub struct AttnDims {
     pub scale: f32,
 }
 
-/// Where attention reads one layer's K and V: in blocks of [`KvBlocks::block`] positions. Head
-/// `h`'s K rows of logical block `j` (positions `j·B..(j+1)·B`) are `[B, HS]`, and so are its V
-/// rows; a block past the last filled position need not exist.
+/// Where attention reads one layer's K and V: in blocks of [`KvBlocks::block`] positions, held as
+/// [`KvBlocks::kv_type`]. Head `h`'s K rows of logical block `j` (positions `j·B..(j+1)·B`) are
+/// `[B, W]` words, `W = kv_type().row_words(HS)` (`HS` for f32), and so are its V rows; a block
+/// past the last filled position need not exist.
 pub trait KvBlocks: Sync {
     /// Positions per block (`B`).
     fn block(&self) -> usize;
-    /// Head `h`'s K rows of logical block `j`, `[B, HS]` (at least the filled rows).
+    /// Head `h`'s K rows of logical block `j`, `[B, W]` (at least the filled rows).
     fn k(&self, j: usize, h: usize) -> &[f32];
     /// Head `h`'s V rows of logical block `j`.
     fn v(&self, j: usize, h: usize) -> &[f32];
+    /// How the rows are held (f32 unless said otherwise).
+    fn kv_type(&self) -> KvType {
+        KvType::F32
+    }
+}
+
+/// Calls `$f::<…, F>($args)` with the row format of `$ty`: one copy of the loop per type, the
+/// type matched once per call.
+macro_rules! by_format {
+    ($ty:expr, $f:ident :: < $($g:ty),* >, ($($a:expr),*)) => {
+        match $ty {
+            KvType::F32 => $f::<$($g,)* F32s>($($a),*),
+            KvType::F16 => $f::<$($g,)* F16s>($($a),*),
+            KvType::Bf16 => $f::<$($g,)* Bf16s>($($a),*),
+            KvType::Q8_0 => $f::<$($g,)* Q8s>($($a),*),
+        }
+    };
 }
 
 /// One contiguous cache, `[NH, t_max, HS]` for K and for V: a single block of `t_max` positions.
@@ -179,17 +198,27 @@ pub fn attention_blocks<K: KvBlocks>(
 /// The scores of one query against keys `0..s.len()` of head `h`, block by block.
 #[inline(always)]
 pub(crate) fn block_scores_body(s: &mut [f32], q: &[f32], kv: &impl KvBlocks, h: usize, hs: usize, scale: f32) {
+    by_format!(kv.kv_type(), block_scores_as::<_>, (s, q, kv, h, hs, scale))
+}
+
+#[inline(always)]
+fn block_scores_as<K: KvBlocks, F: RowFormat>(s: &mut [f32], q: &[f32], kv: &K, h: usize, hs: usize, scale: f32) {
     for (j, chunk) in s.chunks_mut(kv.block()).enumerate() {
-        scores_body(chunk, q, kv.k(j, h), hs, scale);
+        scores_body::<F>(chunk, q, kv.k(j, h), hs, scale);
     }
 }
 
 /// `out = Σ_j probs[j] · v_j` over head `h`'s value rows, block by block, one chain per output.
 #[inline(always)]
 pub(crate) fn block_sums_body(out: &mut [f32], probs: &[f32], kv: &impl KvBlocks, h: usize, hs: usize) {
+    by_format!(kv.kv_type(), block_sums_as::<_>, (out, probs, kv, h, hs))
+}
+
+#[inline(always)]
+fn block_sums_as<K: KvBlocks, F: RowFormat>(out: &mut [f32], probs: &[f32], kv: &K, h: usize, hs: usize) {
     out.fill(0.0);
     for (j, chunk) in probs.chunks(kv.block()).enumerate() {
-        weighted_sum_body(out, chunk, kv.v(j, h), hs);
+        weighted_sum_body::<F>(out, chunk, kv.v(j, h), hs);
     }
 }
 
@@ -205,11 +234,26 @@ pub(crate) fn block_sums_pair_body(
     h: usize,
     hs: usize,
 ) {
+    by_format!(kv.kv_type(), block_sums_pair_as::<_>, (o0, o1, p0, p1, kv, h, hs))
+}
+
+#[inline(always)]
+fn block_sums_pair_as<K: KvBlocks, F: RowFormat>(
+    o0: &mut [f32],
+    o1: &mut [f32],
+    p0: &[f32],
+    p1: &[f32],
+    kv: &K,
+    h: usize,
+    hs: usize,
+) {
     let b = kv.block();
     o0.fill(0.0);
     o1.fill(0.0);
     for (j, c1) in p1.chunks(b).enumerate() {
-        weighted_sum_pair_body(o0, o1, pair_chunk(p0, j, b), c1, kv.v(j, h), hs);
+        let vh = kv.v(j, h);
+        weighted_sum_body::<F>(o0, pair_chunk(p0, j, b), vh, hs);
+        weighted_sum_body::<F>(o1, c1, vh, hs);
     }
 }
 
@@ -252,31 +296,36 @@ pub fn attention_scores_blocks<K: KvBlocks>(
     }
 }
 
+/// Scores of one query against the rows of `kh` (`[n, W]` words of format `F`).
 #[inline(always)]
-pub(crate) fn scores_body(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+pub(crate) fn scores_body<F: RowFormat>(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
+    let w = F::words(hs);
     for (j, s) in scores.iter_mut().enumerate() {
-        *s = dot_body(q, &kh[j * hs..(j + 1) * hs]) * scale;
+        *s = dot_row::<F>(q, &kh[j * w..(j + 1) * w], hs) * scale;
     }
+}
+
+/// `q · k` of one row of format `F`: value `i` goes to lane `i mod 16` in order, then the lanes
+/// are reduced as every sum is (`reduce_lanes`).
+#[inline(always)]
+fn dot_row<F: RowFormat>(q: &[f32], k: &[f32], hs: usize) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    for (i, &x) in q[..hs].iter().enumerate() {
+        acc[i % LANES] = x.mul_add(F::get(k, i), acc[i % LANES]);
+    }
+    reduce_lanes(acc)
 }
 
 /// `out += Σ_j probs[j] · v_j`, one fused multiply-add chain per output in `j` order.
 #[inline(always)]
-pub(crate) fn weighted_sum_body(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+pub(crate) fn weighted_sum_body<F: RowFormat>(out: &mut [f32], probs: &[f32], vh: &[f32], hs: usize) {
+    let w = F::words(hs);
     for (j, &a) in probs.iter().enumerate() {
-        let vj = &vh[j * hs..(j + 1) * hs];
-        for (o, v) in out.iter_mut().zip(vj) {
-            *o = a.mul_add(*v, *o);
+        let vj = &vh[j * w..(j + 1) * w];
+        for (d, o) in out[..hs].iter_mut().enumerate() {
+            *o = a.mul_add(F::get(vj, d), *o);
         }
     }
-}
-
-/// [`weighted_sum_body`] for two queries at once: `o0` over the keys of `p0`, `o1` over those of
-/// `p1` (the same keys, possibly and one more: the next query's own). Each output keeps its own
-/// chain.
-#[inline(always)]
-pub(crate) fn weighted_sum_pair_body(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], vh: &[f32], hs: usize) {
-    weighted_sum_body(o0, p0, vh, hs);
-    weighted_sum_body(o1, p1, vh, hs);
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -2,6 +2,7 @@
 //! chains and reduction order.
 
 use super::{pair_chunk, scores_body, KvBlocks};
+use crate::kv::{Bf16s, F16s, F32s, KvType, Q8s, RowFormat};
 use crate::lanes::avx2::Y;
 use crate::lanes::avx512::Z;
 use crate::lanes::Lanes;
@@ -83,8 +84,20 @@ pub(crate) unsafe fn block_scores_lanes<L: Halves, K: KvBlocks>(
     hs: usize,
     scale: f32,
 ) {
+    by_format!(kv.kv_type(), block_scores_as::<L, K>, (s, q, kv, h, hs, scale))
+}
+
+#[inline(always)]
+unsafe fn block_scores_as<L: Halves, K: KvBlocks, F: RowFormat>(
+    s: &mut [f32],
+    q: &[f32],
+    kv: &K,
+    h: usize,
+    hs: usize,
+    scale: f32,
+) {
     for (j, chunk) in s.chunks_mut(kv.block()).enumerate() {
-        scores_lanes::<L>(chunk, q, kv.k(j, h), hs, scale);
+        scores_lanes::<L, F>(chunk, q, kv.k(j, h), hs, scale);
     }
 }
 
@@ -101,21 +114,27 @@ pub(crate) unsafe fn block_sums_lanes<L: Lanes, K: KvBlocks>(
     if hs != 64 || out.len() < 64 {
         return super::block_sums_body(out, probs, kv, h, hs);
     }
+    by_format!(kv.kv_type(), block_sums_as::<L, K>, (out, probs, kv, h))
+}
+
+#[inline(always)]
+unsafe fn block_sums_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32], probs: &[f32], kv: &K, h: usize) {
+    let w = F::words(64);
     let mut acc = [L::zero(); 4];
     for (j, chunk) in probs.chunks(kv.block()).enumerate() {
         let vh = kv.v(j, h);
-        assert!(vh.len() >= chunk.len() * 64, "a block holds its rows");
+        assert!(vh.len() >= chunk.len() * w, "a block holds its rows");
         for (r, &pr) in chunk.iter().enumerate() {
             let a = L::splat(pr);
-            // SAFETY: row r of the block's rows holds 64 floats (asserted above).
-            let v = vh.as_ptr().add(r * 64);
+            // SAFETY: row r of the block's rows holds 64 values (asserted above).
+            let v = vh.as_ptr().add(r * w);
             for (d, accd) in acc.iter_mut().enumerate() {
-                *accd = L::fma(a, L::load(v.add(NR * d)), *accd);
+                *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
             }
         }
     }
     for (d, accd) in acc.iter().enumerate() {
-        // SAFETY: out holds 64 floats (checked above).
+        // SAFETY: out holds 64 floats (checked by the caller).
         accd.store(out.as_mut_ptr().add(NR * d));
     }
 }
@@ -136,17 +155,29 @@ pub(crate) unsafe fn block_sums_pair_lanes<L: Lanes, K: KvBlocks>(
     if hs != 64 || o0.len() < 64 || o1.len() < 64 || !(p1.len() == n || p1.len() == n + 1) {
         return super::block_sums_pair_body(o0, o1, p0, p1, kv, h, hs);
     }
-    let b = kv.block();
+    by_format!(kv.kv_type(), block_sums_pair_as::<L, K>, (o0, o1, p0, p1, kv, h))
+}
+
+#[inline(always)]
+unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
+    o0: &mut [f32],
+    o1: &mut [f32],
+    p0: &[f32],
+    p1: &[f32],
+    kv: &K,
+    h: usize,
+) {
+    let (b, w) = (kv.block(), F::words(64));
     let (mut a0, mut a1) = ([L::zero(); 4], [L::zero(); 4]);
     for (j, c1) in p1.chunks(b).enumerate() {
         let (c0, vh) = (pair_chunk(p0, j, b), kv.v(j, h));
-        assert!(vh.len() >= c1.len() * 64, "a block holds its rows");
+        assert!(vh.len() >= c1.len() * w, "a block holds its rows");
         for (r, &x0) in c0.iter().enumerate() {
             let (x0, x1) = (L::splat(x0), L::splat(c1[r]));
-            // SAFETY: row r of the block's rows holds 64 floats (asserted above).
-            let v = vh.as_ptr().add(r * 64);
+            // SAFETY: row r of the block's rows holds 64 values (asserted above).
+            let v = vh.as_ptr().add(r * w);
             for d in 0..4 {
-                let vd = L::load(v.add(NR * d));
+                let vd = F::lanes::<L>(v, NR * d);
                 a0[d] = L::fma(x0, vd, a0[d]);
                 a1[d] = L::fma(x1, vd, a1[d]);
             }
@@ -154,34 +185,40 @@ pub(crate) unsafe fn block_sums_pair_lanes<L: Lanes, K: KvBlocks>(
         if c1.len() > c0.len() {
             // The second query's own key: the last row, for it alone.
             let (r, x1) = (c0.len(), L::splat(c1[c0.len()]));
-            // SAFETY: row r < c1.len() holds 64 floats (asserted above).
-            let v = vh.as_ptr().add(r * 64);
+            // SAFETY: row r < c1.len() holds 64 values (asserted above).
+            let v = vh.as_ptr().add(r * w);
             for (d, a) in a1.iter_mut().enumerate() {
-                *a = L::fma(x1, L::load(v.add(NR * d)), *a);
+                *a = L::fma(x1, F::lanes::<L>(v, NR * d), *a);
             }
         }
     }
     for d in 0..4 {
-        // SAFETY: o0 and o1 hold 64 floats each (checked above).
+        // SAFETY: o0 and o1 hold 64 floats each (checked by the caller).
         a0[d].store(o0.as_mut_ptr().add(NR * d));
         a1[d].store(o1.as_mut_ptr().add(NR * d));
     }
 }
 
 /// Attention scores of one query against keys `0..scores.len()` of one head, four keys at a
-/// time; each key's dot product keeps `dot_body`'s lanes and reduction order.
+/// time; each key's dot product keeps `dot_row`'s lanes and reduction order.
 #[inline(always)]
-pub(crate) unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: &[f32], hs: usize, scale: f32) {
-    let n = scores.len();
-    if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * hs {
-        return scores_body(scores, q, kh, hs, scale);
+pub(crate) unsafe fn scores_lanes<L: Halves, F: RowFormat>(
+    scores: &mut [f32],
+    q: &[f32],
+    kh: &[f32],
+    hs: usize,
+    scale: f32,
+) {
+    let (n, w) = (scores.len(), F::words(hs));
+    if !hs.is_multiple_of(NR) || q.len() < hs || kh.len() < n * w {
+        return scores_body::<F>(scores, q, kh, hs, scale);
     }
     let (qp, kp) = (q.as_ptr(), kh.as_ptr());
     let mut j = 0;
     if L::KEYS == 16 {
         while j + 16 <= n {
             // SAFETY: keys j..j+16 < n lie inside kh (checked above), and j + 16 <= scores.len().
-            let acc = dot_key_lanes::<L, 16>(qp, kp.add(j * hs), hs);
+            let acc = dot_key_lanes::<L, F, 16>(qp, kp.add(j * w), hs);
             L::reduce_keys16(&acc, scale, scores.as_mut_ptr().add(j));
             j += 16;
         }
@@ -191,7 +228,7 @@ pub(crate) unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: 
         // register per key.
         while j + 8 <= n {
             // SAFETY: keys j..j+8 < n lie inside kh (checked above), and j + 8 <= scores.len().
-            let acc = dot_keys::<L, 8>(qp, kp.add(j * hs), hs);
+            let acc = dot_keys::<L, F, 8>(qp, kp.add(j * w), hs);
             let (a, b): (&[[V; 2]; 4], &[[V; 2]; 4]) = (acc[..4].try_into().unwrap(), acc[4..].try_into().unwrap());
             let sc = _mm_set1_ps(scale);
             _mm_storeu_ps(scores.as_mut_ptr().add(j), _mm_mul_ps(reduce16x4(a), sc));
@@ -201,21 +238,22 @@ pub(crate) unsafe fn scores_lanes<L: Halves>(scores: &mut [f32], q: &[f32], kh: 
     }
     while j + 4 <= n {
         // SAFETY: keys j..j+4 < n lie inside kh (checked above), and j + 4 <= scores.len().
-        let r = _mm_mul_ps(reduce16x4(&dot_keys::<L, 4>(qp, kp.add(j * hs), hs)), _mm_set1_ps(scale));
+        let r = _mm_mul_ps(reduce16x4(&dot_keys::<L, F, 4>(qp, kp.add(j * w), hs)), _mm_set1_ps(scale));
         _mm_storeu_ps(scores.as_mut_ptr().add(j), r);
         j += 4;
     }
     for (x, s) in scores.iter_mut().enumerate().skip(j) {
         // SAFETY: key x < n lies inside kh.
-        let [[lo, hi]] = dot_keys::<L, 1>(qp, kp.add(x * hs), hs);
+        let [[lo, hi]] = dot_keys::<L, F, 1>(qp, kp.add(x * w), hs);
         *s = reduce16(lo, hi) * scale;
     }
 }
 
-/// The 16-lane partial sums of `q · k` for `G` consecutive keys of `hs` floats at `k`.
+/// The 16-lane partial sums of `q · k` for `G` consecutive keys of `hs` values (rows of format
+/// `F`) at `k`.
 #[inline(always)]
-unsafe fn dot_keys<L: Halves, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
-    let acc = dot_key_lanes::<L, G>(q, k, hs);
+unsafe fn dot_keys<L: Halves, F: RowFormat, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [[V; 2]; G] {
+    let acc = dot_key_lanes::<L, F, G>(q, k, hs);
     // A loop, not `array::map`: its closure would not get the caller's target features.
     let mut out = [[_mm256_setzero_ps(); 2]; G];
     for (o, a) in out.iter_mut().zip(acc) {
@@ -226,14 +264,14 @@ unsafe fn dot_keys<L: Halves, const G: usize>(q: *const f32, k: *const f32, hs: 
 
 /// The same partial sums, one row of lanes per key.
 #[inline(always)]
-unsafe fn dot_key_lanes<L: Lanes, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [L; G] {
-    let mut acc = [L::zero(); G];
+unsafe fn dot_key_lanes<L: Lanes, F: RowFormat, const G: usize>(q: *const f32, k: *const f32, hs: usize) -> [L; G] {
+    let (mut acc, w) = ([L::zero(); G], F::words(hs));
     let mut c = 0;
     while c < hs {
-        // SAFETY (caller): c + 16 <= hs floats of q, and of each of the G keys.
+        // SAFETY (caller): c + 16 <= hs values of q, and of each of the G keys.
         let a = L::load(q.add(c));
         for (x, accx) in acc.iter_mut().enumerate() {
-            *accx = L::fma(a, L::load(k.add(x * hs + c)), *accx);
+            *accx = L::fma(a, F::lanes::<L>(k.add(x * w), c), *accx);
         }
         c += NR;
     }

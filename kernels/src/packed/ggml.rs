@@ -146,6 +146,16 @@ fn half16(v: f32) -> f32 {
     f16_bits_to_f32(f32_to_f16_bits(v))
 }
 
+/// ggml's `quantize_row_q8_0_ref` of one block of up to 32 values (zero-padded): the scale as
+/// stored (rounded to f16) and the integers.
+pub(crate) fn ggml_q8_0(x: &[f32]) -> (f32, [i8; 32]) {
+    let mut padded = [0.0f32; 32];
+    padded[..x.len()].copy_from_slice(x);
+    let mut sub = [Sub::ZERO];
+    quantize(WeightType::Q8_0, &padded, &mut sub);
+    (sub[0].scale, sub[0].q)
+}
+
 /// Quantizes one unit of weights `x` (32 values, or 256 for Q4_K; zero-padded by the caller) of
 /// type `ty` into its sub-blocks, as ggml's reference quantizer for the type does (W8A8: kvgpt's
 /// own, an f32 scale; Q4_K: min and max per sub-block, see DESIGN).
