@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvgpt_core::{hub, Isa, KvSpec, LoadSpec, Loaded, Locate, ModelFiles, Sampling, WeightType};
+use kvgpt_core::{hub, Isa, KvSpec, KvType, LoadSpec, Loaded, Locate, ModelFiles, Sampling, WeightType};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 
@@ -38,6 +38,33 @@ pub struct ModelArgs {
     /// at long contexts, large ones leave up to a block unused per sequence.
     #[arg(long, value_name = "N", default_value_t = kvgpt_core::kv_cache::DEFAULT_BLOCK)]
     pub kv_block_size: usize,
+    /// How K and V are held (bytes per position of DistilGPT-2's six layers: f32 36,864, f16 and
+    /// bf16 18,432, q8_0 9,792). f32 keeps them as computed; the others round them as they are
+    /// stored (q8_0 as llama.cpp's -ctk/-ctv q8_0: blocks of 32 with an f16 scale). Any type
+    /// gives the same bits batched or alone, cached or not, on every instruction set; `kvgpt
+    /// score --kv-dtype` measures what it costs in accuracy.
+    #[arg(long, value_enum, default_value_t = KvDtype::F32)]
+    pub kv_dtype: KvDtype,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl KvDtype {
+    pub fn kv_type(self) -> KvType {
+        match self {
+            KvDtype::F32 => KvType::F32,
+            KvDtype::F16 => KvType::F16,
+            KvDtype::Bf16 => KvType::Bf16,
+            KvDtype::Q8_0 => KvType::Q8_0,
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum, PartialEq, Eq)]
@@ -152,7 +179,7 @@ impl ModelArgs {
             offline: self.offline,
             dtype: self.weight_type(),
             isa: chosen_isa(self)?,
-            kv: KvSpec::new(self.kv_block_size)?,
+            kv: KvSpec::new(self.kv_block_size)?.with_type(self.kv_dtype.kv_type()),
         })
     }
 }

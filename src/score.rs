@@ -1,8 +1,11 @@
-//! `kvgpt score`: per-token surprisal and rank, mean loss and perplexity.
+//! `kvgpt score`: per-token surprisal and rank, mean loss and perplexity; with `--kv-dtype`, what
+//! holding K/V in that type costs against f32 K/V (KL, top-1 agreement, perplexity change).
 
 use crate::common::{load, print_json, read_prompt, ModelArgs, Outcome, PromptArgs};
 use anyhow::Result;
 use clap::Args;
+use kvgpt_core::KvType;
+use kvgpt_views::score::{kv_accuracy, KvAccuracy};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -33,6 +36,10 @@ pub struct ScoreArgs {
 struct Report {
     model: String,
     dtype: &'static str,
+    kv_dtype: &'static str,
+    /// With K/V held as another type than f32: what it costs against f32 K/V.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    kv_accuracy: Option<KvAccuracy>,
     ids: Vec<u32>,
     tokens_scored: usize,
     mean_loss: f64,
@@ -63,6 +70,9 @@ pub fn run(a: &ScoreArgs) -> Result<Outcome> {
     let window = a.window.map_or(n, |w| w as usize);
     let stride = a.stride.map_or((window / 2).max(1), |s| s as usize);
     let s = kvgpt_views::score::score(&loaded.model, &ids, window, stride)?;
+    let kv_dtype = loaded.model.kv().kv_type();
+    let kv_accuracy =
+        (kv_dtype != KvType::F32).then(|| kv_accuracy(&loaded.model, &ids, window, stride)).transpose()?;
     let tokens = s
         .tokens
         .iter()
@@ -79,6 +89,8 @@ pub fn run(a: &ScoreArgs) -> Result<Outcome> {
     let r = Report {
         model: a.model.model.clone(),
         dtype: loaded.model.weights_dtype(),
+        kv_dtype: kv_dtype.name(),
+        kv_accuracy,
         tokens_scored: tokens.len(),
         ids,
         mean_loss: s.mean_loss,
@@ -124,5 +136,17 @@ fn print_text(r: &Report) -> Result<()> {
         r.perplexity,
         r.bits_per_token
     );
+    if let Some(k) = &r.kv_accuracy {
+        outln!(
+            "K/V as {} against f32 K/V: KL mean {:.3e}, max {:.3e} nats | top-1 agreement {:.2}% | perplexity {:.2} against {:.2} ({:+.3}%)",
+            k.kv_dtype,
+            k.kl_mean,
+            k.kl_max,
+            100.0 * k.top1_agreement,
+            k.perplexity,
+            k.perplexity_f32_kv,
+            100.0 * k.perplexity_change
+        );
+    }
     Ok(())
 }

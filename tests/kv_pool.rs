@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use kvgpt_core::engine::{self, block_on, CancelReason, EngineConfig, Event, Events, Gauges, Monitor, Request};
 use kvgpt_core::kv_cache::Pool;
-use kvgpt_core::{generate, GenerateOptions, KvSpec, Model, Sampling};
+use kvgpt_core::{generate, GenerateOptions, KvCache, KvSpec, KvType, Model, Sampling};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -240,8 +240,9 @@ fn solo(model: &Model, (prompt, max_new, sampling): &(Vec<u32>, usize, Sampling)
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
     /// Random submits (with `n` choices sharing a prompt), cancels, departures and reads over
-    /// pools of 64–256 positions in blocks of 1, 3 or 16: every finished answer is `generate()`
-    /// alone's bits and a cancelled one a prefix of them, the gauges equal the pool's accounting
+    /// pools of 64–256 positions in blocks of 1, 3 or 16, K/V held as each `--kv-dtype`: every
+    /// finished answer is `generate()` alone's bits (with that type, in blocks of 16) and a
+    /// cancelled one a prefix of them, the gauges equal the pool's accounting
     /// on every step, and once everything ended and the prompt cache is flushed every block is
     /// back (every reference count went to zero).
     #[test]
@@ -249,13 +250,15 @@ proptest! {
         ops in prop::collection::vec(op(), 1..24),
         block in prop::sample::select(vec![1usize, 3, 16]),
         positions in 64..256usize,
+        ty in prop::sample::select(KvType::ALL.to_vec()),
     ) {
-        static SOLO: OnceLock<Model> = OnceLock::new();
+        static SOLO: OnceLock<Vec<Model>> = OnceLock::new();
         let loaded = load_fixture();
-        let solo_model = SOLO.get_or_init(|| Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
-        let model = Model::load(&loaded.files.config, &loaded.files.weights).unwrap();
-        let model = Arc::new(model.with_kv(KvSpec::new(block).unwrap()));
-        let bytes = positions.div_ceil(block) * (BLOCK_BYTES / BLOCK) * block;
+        let load = || Model::load(&loaded.files.config, &loaded.files.weights).unwrap();
+        let solo = SOLO.get_or_init(|| KvType::ALL.iter().map(|&t| load().with_kv(KvSpec::default().with_type(t))).collect());
+        let solo_model = &solo[KvType::ALL.iter().position(|&t| t == ty).unwrap()];
+        let model = Arc::new(load().with_kv(KvSpec::new(block).unwrap().with_type(ty)));
+        let bytes = positions.div_ceil(block) * block * KvCache::bytes_per_position_as(&model.config, ty);
         let cfg = EngineConfig { parallel: 4, kv_bytes: Some(bytes), ..config(0) };
         let (pool, wrong, last) = (Arc::new(OnceLock::new()), Arc::new(Mutex::new(vec![])), Arc::new(Mutex::new(Gauges::default())));
         let audit = Audit { pool: pool.clone(), wrong: wrong.clone(), last: last.clone() };

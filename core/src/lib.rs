@@ -86,7 +86,7 @@ pub use error::{Error, Result};
 pub use generate::{generate, generate_from, generate_text, GenerateOptions, Generation, Step, Timings};
 pub use hub::{Locate, ModelFiles, TokenizerFiles};
 pub use kv_cache::{KvCache, KvPart, KvSpec};
-pub use kvgpt_kernels::{cpu_features, Isa, WeightType};
+pub use kvgpt_kernels::{cpu_features, Isa, KvType, WeightType};
 pub use load::{load, load_as, load_holding, LoadSpec, Loaded};
 pub use model::{Model, Rows, Scratch};
 pub use sampler::{Sampler, Sampling};

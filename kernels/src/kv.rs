@@ -42,7 +42,8 @@ impl KvType {
         KvType::ALL.into_iter().find(|t| t.name() == name)
     }
 
-    /// Bytes of one row of `hs` values (q8_0: 34 per 32).
+    /// Bytes of one row of `hs` values (q8_0: 34 per 32; a row whose last block is not full has
+    /// it zero-padded, so any head size can be held).
     pub fn row_bytes(self, hs: usize) -> usize {
         match self {
             KvType::F32 => 4 * hs,
@@ -54,12 +55,6 @@ impl KvType {
     /// Words one row of `hs` values takes in a block (its bytes, rounded up to whole words).
     pub fn row_words(self, hs: usize) -> usize {
         self.row_bytes(hs).div_ceil(4)
-    }
-
-    /// Why rows of `hs` values cannot be held as this type, if they cannot.
-    pub fn unsupported(self, hs: usize) -> Option<String> {
-        (self == KvType::Q8_0 && !hs.is_multiple_of(QK))
-            .then(|| format!("q8_0 holds K/V in blocks of 32 values, but a head has {hs}"))
     }
 }
 

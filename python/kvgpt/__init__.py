@@ -27,13 +27,17 @@ def load(
     threads: Optional[int] = None,
     offline: bool = False,
     kv_block_size: Optional[int] = None,
+    kv_dtype: Optional[str] = None,
 ) -> "Model":
     """Loads a model folder, a GGUF file or a Hugging Face Hub id, as `kvgpt --model` finds them.
     `dtype` converts the weight matrices (default: as the file stores them, f32 from
     safetensors); `threads` sizes the model's thread pool (default: one per core);
     `kv_block_size` is `--kv-block-size`: positions per K/V block (default 16; every size gives
-    the same bits)."""
-    return Model(_kvgpt.load(model, dtype=dtype, threads=threads, offline=offline, kv_block_size=kv_block_size))
+    the same bits); `kv_dtype` is `--kv-dtype`: f32 (default), f16, bf16 or q8_0."""
+    native = _kvgpt.load(
+        model, dtype=dtype, threads=threads, offline=offline, kv_block_size=kv_block_size, kv_dtype=kv_dtype
+    )
+    return Model(native)
 
 
 class Model:

@@ -17,6 +17,7 @@ def load(
     threads: Optional[int] = None,
     offline: bool = False,
     kv_block_size: Optional[int] = None,
+    kv_dtype: Optional[str] = None,
 ) -> Model: ...
 
 class CompletionKw(TypedDict, total=False):

@@ -42,6 +42,7 @@ def load(
     threads: Optional[int] = None,
     offline: bool = False,
     kv_block_size: Optional[int] = None,
+    kv_dtype: Optional[str] = None,
 ) -> Model: ...
 def chat_template(messages: List[Dict[str, str]]) -> str: ...
 # Where a chat answer ends: the next turn's label, "\nUser:".

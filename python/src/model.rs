@@ -3,7 +3,7 @@
 use crate::errors::{arg, py_err};
 use kvgpt_core::engine::{self, EngineConfig, NoMonitor};
 use kvgpt_core::openai::Served;
-use kvgpt_core::{KvSpec, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
+use kvgpt_core::{KvSpec, KvType, LoadSpec, Loaded, ModelFiles, Scratch, Tap, Tokenizer, WeightType};
 use pyo3::exceptions::{PyOverflowError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -167,9 +167,9 @@ fn weight_type(name: &str) -> PyResult<WeightType> {
 /// `dtype` converts the weight matrices (default: as the file stores them; f32 from
 /// safetensors); `threads` sizes the model's thread pool (default: one per core); `offline`
 /// uses only the local Hugging Face cache; `kv_block_size` is `--kv-block-size` (positions per
-/// K/V block; the same bits for every size).
+/// K/V block; the same bits for every size) and `kv_dtype` `--kv-dtype` (f32, f16, bf16, q8_0).
 #[pyfunction]
-#[pyo3(signature = (model, dtype=None, threads=None, offline=false, kv_block_size=None))]
+#[pyo3(signature = (model, dtype=None, threads=None, offline=false, kv_block_size=None, kv_dtype=None))]
 pub fn load(
     py: Python<'_>,
     model: &str,
@@ -177,11 +177,19 @@ pub fn load(
     threads: Option<Bound<'_, PyAny>>,
     offline: bool,
     kv_block_size: Option<Bound<'_, PyAny>>,
+    kv_dtype: Option<&str>,
 ) -> PyResult<Model> {
     let dtype = dtype.map(weight_type).transpose()?;
     let threads: Option<usize> = threads.map(|t| arg(&t, "threads")).transpose()?;
     let block: Option<usize> = kv_block_size.map(|b| arg(&b, "kv_block_size")).transpose()?;
     let kv = block.map(KvSpec::new).transpose().map_err(py_err)?.unwrap_or_default();
+    let kv = match kv_dtype {
+        None => kv,
+        Some(name) => kv.with_type(KvType::by_name(name).ok_or_else(|| {
+            let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+            PyValueError::new_err(format!("kv_dtype {name:?} is not a K/V type; choose one of {}", names.join(", ")))
+        })?),
+    };
     let pool = kvgpt_core::threads::pool(threads, "kvgpt-kernel").map_err(py_err)?;
     let spec = LoadSpec { model: model.to_string(), offline, dtype, isa: None, kv };
     let loaded = py
@@ -227,6 +235,7 @@ impl Model {
         d.set_item("dtype", m.weights_dtype())?;
         d.set_item("isa", m.isa().name())?;
         d.set_item("kv_block_size", m.kv().block())?;
+        d.set_item("kv_dtype", m.kv().kv_type().name())?;
         d.set_item("threads", self.e.pool.current_num_threads())?;
         Ok(d)
     }

@@ -129,6 +129,32 @@ def test_kv_block_size_keeps_hf_greedy_ids_and_the_same_hidden_bits(model, refer
             kvgpt.load(str(FIXTURE), kv_block_size=bad)
 
 
+def test_kv_dtype_holds_hf_keys_rounded_and_keeps_hf_greedy_ids(reference):
+    """`load(kv_dtype=…)` is `--kv-dtype`: layer 0's K and V (computed from the embeddings alone)
+    are HF's rounded as the type rounds (f16, bf16: half an ulp; q8_0: half a step d = max|x| / 127
+    of its block, plus the step's own rounding to f16, up to 127 · d · 2^-11), and with f16 or
+    bf16 every greedy continuation is still HF's."""
+    doc, t = reference
+    p = doc["prompts"][1]
+    for kv_dtype, rel in (("f16", 2.0**-11), ("bf16", 2.0**-8), ("q8_0", None)):
+        m = kvgpt.load(str(FIXTURE), threads=2, kv_dtype=kv_dtype)
+        assert m.config["kv_dtype"] == kv_dtype
+        kv = m.kv_cache(p["text"])
+        for got, want in ((kv.k(0), t[f"{p['key']}.k.0"]), (kv.v(0), t[f"{p['key']}.v.0"])):
+            want = want.reshape(got.shape).astype(np.float64)
+            if rel is None:  # q8_0: blocks of 32 values along a head's row (16 here: one block)
+                bound = np.abs(want).max(axis=-1, keepdims=True) / 127 * (0.5 + 127 * 2.0**-11) * 1.01
+            else:
+                bound = np.abs(want) * rel * 1.01
+            assert np.all(np.abs(got - want) <= bound + 1e-5), kv_dtype
+        if rel is not None:
+            for q in doc["prompts"]:
+                n = min(len(q["greedy"]["ids"]), 128 - len(q["input_ids"]))
+                assert m.generate(q["text"], max_tokens=n, ignore_eos=True)["ids"] == q["greedy"]["ids"][:n]
+    with pytest.raises(ValueError, match="kv_dtype \"q4\" is not a K/V type; choose one of f32, f16, bf16, q8_0"):
+        kvgpt.load(str(FIXTURE), kv_dtype="q4")
+
+
 def test_every_hook_is_there_with_its_shape_and_names_records_only_those(model):
     names = model.hook_names()
     T, C, NH, HS, F = 4, 64, 4, 16, 256

@@ -33,6 +33,7 @@ pub struct Facts {
     pool_blocks: usize,
     block_size: usize,
     block_bytes: usize,
+    kv_dtype: &'static str,
     /// The draft: its name, and the startup line's words on it.
     draft: Option<(String, String)>,
 }
@@ -73,6 +74,7 @@ impl Facts {
             pool_blocks: pool.total_blocks(),
             block_size: pool.shape().positions,
             block_bytes: pool.shape().bytes(),
+            kv_dtype: pool.shape().ty.name(),
             draft,
         }
     }
@@ -103,7 +105,7 @@ impl Facts {
         let total = self.weights + self.draft_weights + self.draft_kv + pool;
         format!(
             "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {:.1} MB{draft_memory} \
-             + one K/V pool of {} blocks of {} positions = {:.1} MB for {} and the prompt cache (≤ {:.1} MB of it) \
+             + one K/V pool of {} blocks of {} positions ({}) = {:.1} MB for {} and the prompt cache (≤ {:.1} MB of it) \
              = {:.1} MB",
             self.files_name,
             self.local,
@@ -114,6 +116,7 @@ impl Facts {
             mb(self.weights),
             self.pool_blocks,
             self.block_size,
+            self.kv_dtype,
             mb(pool),
             count(self.parallel, "slot"),
             mb(self.cache_bytes),
@@ -132,6 +135,7 @@ impl Facts {
             "tp_size": 1,
             "dp_size": 1,
             "kv_block_size": self.block_size,
+            "kv_cache_dtype": self.kv_dtype,
             "context_length": self.n_positions,
             "max_running_requests": self.parallel,
             "max_total_tokens": self.pool_blocks * self.block_size,

@@ -110,9 +110,10 @@ pub fn gguf_fixture(t: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/gguf/tiny-gpt2-{t}.gguf"))
 }
 
-/// The logits at every position of `ids`, in one forward pass from an empty cache.
+/// The logits at every position of `ids`, in one forward pass from an empty cache (held as the
+/// model's `--kv-dtype` says).
 pub fn all_logits(model: &kvgpt_core::Model, ids: &[u32]) -> Vec<f32> {
-    let mut cache = kvgpt_core::KvCache::new(&model.config);
+    let mut cache = model.new_cache(model.config.n_positions);
     let mut scratch = kvgpt_core::Scratch::new(&model.config, ids.len());
     let mut logits = vec![0.0; ids.len() * model.config.vocab_size];
     model.forward(ids, &mut cache, &mut scratch, &mut kvgpt_core::NoTap, &mut logits).unwrap();

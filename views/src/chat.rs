@@ -177,7 +177,7 @@ impl<'m> Session<'m> {
     }
 
     pub fn stats(&self) -> String {
-        let per_position = KvCache::bytes_per_position(&self.model.config);
+        let per_position = KvCache::bytes_per_position_as(&self.model.config, self.model.kv().kv_type());
         format!(
             "({} tokens in the conversation, {} with K/V cached ({} bytes of {}), {} positions left)",
             self.chat.ids().len(),

@@ -5,7 +5,7 @@
 use kvgpt_core::error::Result;
 use kvgpt_core::units::{bytes, count};
 use kvgpt_core::weights::{self, Weights};
-use kvgpt_core::{KvCache, Model, ModelFiles, Tokenizer, WeightType};
+use kvgpt_core::{KvCache, KvType, Model, ModelFiles, Tokenizer, WeightType};
 use kvgpt_kernels::Isa;
 use serde::Serialize;
 use std::fmt::{self, Write as _};
@@ -61,6 +61,14 @@ pub struct KvFacts {
     pub bytes_per_token: usize,
     /// The same at the full context (`n_positions` positions).
     pub bytes_full_context: usize,
+    /// Bytes per position in each `--kv-dtype`.
+    pub bytes_per_token_by_kv_dtype: Vec<KvDtypeBytes>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct KvDtypeBytes {
+    pub kv_dtype: &'static str,
+    pub bytes: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -121,7 +129,14 @@ pub fn describe(files: &ModelFiles) -> Result<Info> {
             .iter()
             .map(|&ty| DtypeBytes { dtype: ty.name(), bytes: Model::weight_bytes_for(&cfg, ty) })
             .collect(),
-        kv_cache: KvFacts { bytes_per_token: per_token, bytes_full_context: per_token * cfg.n_positions },
+        kv_cache: KvFacts {
+            bytes_per_token: per_token,
+            bytes_full_context: per_token * cfg.n_positions,
+            bytes_per_token_by_kv_dtype: KvType::ALL
+                .iter()
+                .map(|&ty| KvDtypeBytes { kv_dtype: ty.name(), bytes: KvCache::bytes_per_position_as(&cfg, ty) })
+                .collect(),
+        },
         tokenizer: TokenizerFacts {
             vocab_size: tokenizer.vocab_size(),
             bos_token_id: cfg.bos_token_id,
@@ -232,6 +247,13 @@ impl Info {
             bytes(self.kv_cache.bytes_full_context),
             c.n_positions
         )?;
+        let per: Vec<String> = self
+            .kv_cache
+            .bytes_per_token_by_kv_dtype
+            .iter()
+            .map(|d| format!("{} {}", d.kv_dtype, bytes(d.bytes)))
+            .collect();
+        writeln!(out, "           per token by --kv-dtype: {}", per.join(", "))?;
         Ok(())
     }
 

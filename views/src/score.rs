@@ -8,7 +8,7 @@
 
 use kvgpt_core::error::{Error, Result};
 use kvgpt_core::logprobs::Distribution;
-use kvgpt_core::{Model, NoTap, Scratch};
+use kvgpt_core::{KvCache, KvSpec, KvType, Model, NoTap, Scratch};
 use serde::Serialize;
 
 /// How one token fared.
@@ -49,6 +49,126 @@ const ROWS: usize = 64;
 /// Scores `ids` in windows of `window` tokens moving by `stride` (`0 < stride ≤ window ≤
 /// n_positions`).
 pub fn score(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result<Score> {
+    let mut tokens = Vec::with_capacity(ids.len().saturating_sub(1));
+    let windows = walk(model, &[model.kv()], ids, (window, stride), &mut |position, context, rows| {
+        tokens.push(token_score(rows[0], ids[position], position, context));
+    })?;
+    let mean_loss = tokens.iter().map(|t| t.surprisal).sum::<f64>() / tokens.len() as f64;
+    Ok(Score {
+        tokens,
+        mean_loss,
+        perplexity: mean_loss.exp(),
+        bits_per_token: mean_loss / std::f64::consts::LN_2,
+        window,
+        stride,
+        windows,
+    })
+}
+
+/// What holding K/V as the model's `--kv-dtype` costs against f32 K/V on one text, as
+/// llama.cpp's `llama-perplexity --kl-divergence` reports a quantization: per scored token the KL
+/// divergence of the model's distribution from the f32-K/V one (nats), how often their top tokens
+/// agree, and both perplexities.
+#[derive(Clone, Debug, Serialize)]
+pub struct KvAccuracy {
+    pub kv_dtype: &'static str,
+    pub kl_mean: f64,
+    pub kl_max: f64,
+    pub top1_agreement: f64,
+    pub perplexity: f64,
+    pub perplexity_f32_kv: f64,
+    /// `perplexity / perplexity_f32_kv − 1`.
+    pub perplexity_change: f64,
+}
+
+/// [`KvAccuracy`] of `model` (its K/V held as [`Model::kv`]) over `ids`, scored as [`score`]
+/// does, both runs in step.
+pub fn kv_accuracy(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result<KvAccuracy> {
+    let specs = [model.kv().with_type(KvType::F32), model.kv()];
+    let (mut kl, mut kl_max, mut agree, mut loss, mut loss_f32, mut n) = (0.0, 0.0f64, 0, 0.0, 0.0, 0);
+    walk(model, &specs, ids, (window, stride), &mut |position, _, rows| {
+        let (p, q) = (log_softmax(rows[0]), log_softmax(rows[1]));
+        let d: f64 = p.iter().zip(&q).map(|(&lp, &lq)| lp.exp() * (lp - lq)).sum();
+        (kl, kl_max, n) = (kl + d, kl_max.max(d), n + 1);
+        agree += usize::from(argmax(rows[0]) == argmax(rows[1]));
+        let id = ids[position] as usize;
+        (loss_f32, loss) = (loss_f32 - p[id], loss - q[id]);
+    })?;
+    let n = n as f64;
+    let (ppl, ppl_f32) = ((loss / n).exp(), (loss_f32 / n).exp());
+    Ok(KvAccuracy {
+        kv_dtype: model.kv().kv_type().name(),
+        kl_mean: kl / n,
+        kl_max,
+        top1_agreement: agree as f64 / n,
+        perplexity: ppl,
+        perplexity_f32_kv: ppl_f32,
+        perplexity_change: ppl / ppl_f32 - 1.0,
+    })
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let lse = max + logits.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    logits.iter().map(|&x| x as f64 - lse).collect()
+}
+
+fn argmax(logits: &[f32]) -> usize {
+    logits.iter().enumerate().fold(0, |b, (i, &x)| if x > logits[b] { i } else { b })
+}
+
+/// Hears one scored token: its position, how many tokens its window gave it, and its row of logits
+/// under each K/V spec.
+type EachToken<'a> = &'a mut dyn FnMut(usize, usize, &[&[f32]]);
+
+/// Walks the windows of [`score`] once for each K/V spec in `specs`, in step: `each(position,
+/// context, rows)` hears every scored token with its row of logits under each spec. Returns how
+/// many windows ran.
+fn walk(
+    model: &Model,
+    specs: &[KvSpec],
+    ids: &[u32],
+    (window, stride): (usize, usize),
+    each: EachToken<'_>,
+) -> Result<usize> {
+    check(model, ids, window, stride)?;
+    let (cfg, v) = (&model.config, model.config.vocab_size);
+    let mut runs: Vec<(KvCache, Vec<f32>)> =
+        specs.iter().map(|&s| (KvCache::with_spec(cfg, window, s), vec![0.0f32; ROWS * v])).collect();
+    let mut scratch = Scratch::new(cfg, ROWS);
+    let (mut scored_to, mut windows, mut begin) = (1, 0, 0);
+    loop {
+        let end = (begin + window).min(ids.len());
+        // Tokens scored_to..end, each predicted from the row before it: rows first-1..end-1.
+        let first = scored_to.max(begin + 1);
+        for (cache, _) in &mut runs {
+            cache.reset();
+            if first - 1 > begin {
+                model.run(&ids[begin..first - 1], cache, &mut scratch, &mut [])?;
+                // context only
+            }
+        }
+        let mut row = first - 1;
+        while row < end - 1 {
+            let n = ROWS.min(end - 1 - row);
+            for (cache, logits) in &mut runs {
+                model.forward(&ids[row..row + n], cache, &mut scratch, &mut NoTap, &mut logits[..n * v])?;
+            }
+            for j in 0..n {
+                let rows: Vec<&[f32]> = runs.iter().map(|(_, l)| &l[j * v..(j + 1) * v]).collect();
+                each(row + j + 1, row + j + 1 - begin, &rows);
+            }
+            row += n;
+        }
+        (windows, scored_to) = (windows + 1, end);
+        if end == ids.len() {
+            return Ok(windows);
+        }
+        begin += stride;
+    }
+}
+
+fn check(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result<()> {
     let cfg = &model.config;
     if window < 2 || window > cfg.n_positions {
         return Err(Error::Invalid(format!(
@@ -65,49 +185,7 @@ pub fn score(model: &Model, ids: &[u32], window: usize, stride: usize) -> Result
             ids.len()
         )));
     }
-    let v = cfg.vocab_size;
-    let mut cache = model.new_cache(window);
-    let mut scratch = Scratch::new(cfg, ROWS);
-    let mut logits = vec![0.0f32; ROWS * v];
-    let (mut tokens, mut scored_to, mut windows) = (Vec::with_capacity(ids.len() - 1), 1, 0);
-    let mut begin = 0;
-    loop {
-        let end = (begin + window).min(ids.len());
-        // Tokens scored_to..end, each predicted from the row before it: rows first-1..end-1.
-        let first = scored_to.max(begin + 1);
-        cache.reset();
-        if first - 1 > begin {
-            model.run(&ids[begin..first - 1], &mut cache, &mut scratch, &mut [])?;
-            // context only
-        }
-        let mut row = first - 1;
-        while row < end - 1 {
-            let n = ROWS.min(end - 1 - row);
-            let out = &mut logits[..n * v];
-            model.forward(&ids[row..row + n], &mut cache, &mut scratch, &mut NoTap, out)?;
-            for (j, l) in out.chunks_exact(v).enumerate() {
-                let position = row + j + 1;
-                tokens.push(token_score(l, ids[position], position, position - begin));
-            }
-            row += n;
-        }
-        windows += 1;
-        scored_to = end;
-        if end == ids.len() {
-            break;
-        }
-        begin += stride;
-    }
-    let mean_loss = tokens.iter().map(|t| t.surprisal).sum::<f64>() / tokens.len() as f64;
-    Ok(Score {
-        tokens,
-        mean_loss,
-        perplexity: mean_loss.exp(),
-        bits_per_token: mean_loss / std::f64::consts::LN_2,
-        window,
-        stride,
-        windows,
-    })
+    Ok(())
 }
 
 /// The surprisal, probability and rank of `id` under one row of logits (log-softmax in f64).

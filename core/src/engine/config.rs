@@ -40,10 +40,10 @@ impl EngineConfig {
     /// The K/V pool: `kv_bytes` (default: every slot at the full context and the prompt
     /// cache's budget) in blocks of the model's K/V, as many positions each as [`Model::kv`] says.
     pub fn kv_pool(&self, model: &Model) -> Pool {
-        let (cfg, positions) = (&model.config, model.kv().block());
-        let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position(cfg);
+        let (cfg, spec) = (&model.config, model.kv());
+        let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position_as(cfg, spec.kv_type());
         let bytes = self.kv_bytes.unwrap_or(full + self.cache_bytes);
-        Pool::new(cfg, positions, bytes / BlockShape::of(cfg, positions).bytes())
+        Pool::new(cfg, spec, bytes / BlockShape::of(cfg, spec).bytes())
     }
 
     /// The most K/V bytes a draft model's caches can hold (every slot at the full context): they

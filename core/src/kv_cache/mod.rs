@@ -15,19 +15,21 @@ pub use span::{KvPart, KvSpan};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use kvgpt_kernels::KvBlocks;
+use kvgpt_kernels::{kv_load, kv_store, KvBlocks, KvType};
 use std::sync::Arc;
 
-/// How a model's caches hold K/V when nothing else says (`--kv-block-size`): positions per
-/// block. The logits are the same bits for every choice; it changes memory and speed only.
+/// How a model's caches hold K/V: positions per block (`--kv-block-size`; the logits are the
+/// same bits for every size, it changes memory and speed only) and the type of the values
+/// (`--kv-dtype`; f32 unless asked: any other type rounds K and V as they are stored).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvSpec {
     block: usize,
+    ty: KvType,
 }
 
 impl Default for KvSpec {
     fn default() -> KvSpec {
-        KvSpec { block: DEFAULT_BLOCK }
+        KvSpec { block: DEFAULT_BLOCK, ty: KvType::F32 }
     }
 }
 
@@ -43,12 +45,22 @@ impl KvSpec {
                 KvSpec::MAX_BLOCK
             )));
         }
-        Ok(KvSpec { block })
+        Ok(KvSpec { block, ty: KvType::F32 })
+    }
+
+    /// The same spec holding K/V as `ty`.
+    pub fn with_type(self, ty: KvType) -> KvSpec {
+        KvSpec { ty, ..self }
     }
 
     /// Positions per block.
     pub fn block(&self) -> usize {
         self.block
+    }
+
+    /// The type K and V are held in.
+    pub fn kv_type(&self) -> KvType {
+        self.ty
     }
 }
 
@@ -62,8 +74,8 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// How K/V are held, as stored K/V record it: f32, positions in blocks, per layer K then V,
-    /// each `[NH, B, HS]`.
+    /// How K/V are held, as stored K/V (a prompt-cache file's spans) record it: f32 values, per
+    /// layer K then V, each `[NH, len, HS]` (a cache of another type widens its rows exactly).
     pub const LAYOUT: &'static str = "f32; blocks of positions, per layer K then V, [NH, B, HS]";
 
     /// A cache for `cfg.n_positions` positions, in blocks of [`DEFAULT_BLOCK`] of its own.
@@ -74,13 +86,13 @@ impl KvCache {
     /// A cache for `capacity` positions (at most `cfg.n_positions`), with a pool of its own just
     /// large enough: a sequence that will never hold more positions needs no more memory.
     pub fn with_capacity(cfg: &Config, capacity: usize) -> KvCache {
-        KvCache::with_blocks(cfg, capacity, DEFAULT_BLOCK)
+        KvCache::with_spec(cfg, capacity, KvSpec::default())
     }
 
-    /// [`KvCache::with_capacity`] in blocks of `block` positions.
-    pub fn with_blocks(cfg: &Config, capacity: usize, block: usize) -> KvCache {
+    /// [`KvCache::with_capacity`] held as `spec` says.
+    pub fn with_spec(cfg: &Config, capacity: usize, spec: KvSpec) -> KvCache {
         let capacity = capacity.min(cfg.n_positions);
-        let pool = Pool::new(cfg, block, capacity.div_ceil(block.max(1)));
+        let pool = Pool::new(cfg, spec, capacity.div_ceil(spec.block()));
         KvCache::in_pool(&pool, cfg, capacity)
     }
 
@@ -92,9 +104,14 @@ impl KvCache {
         KvCache { pool: pool.clone(), blocks, len: 0, capacity, shape }
     }
 
-    /// Bytes of K and V for one position of every layer (f32).
+    /// Bytes of K and V for one position of every layer held as f32.
     pub fn bytes_per_position(cfg: &Config) -> usize {
-        2 * cfg.n_layer * cfg.n_embd * 4
+        KvCache::bytes_per_position_as(cfg, KvType::F32)
+    }
+
+    /// Bytes of K and V for one position of every layer held as `ty` (q8_0: 34 per 32 values).
+    pub fn bytes_per_position_as(cfg: &Config, ty: KvType) -> usize {
+        2 * cfg.n_layer * cfg.n_head * ty.row_bytes(cfg.head_dim())
     }
 
     /// Positions filled; the next token goes at position `len()`.
@@ -139,9 +156,9 @@ impl KvCache {
         [self.shape.n_head, self.len, self.shape.head_dim]
     }
 
-    /// Bytes of K and V of one layer that hold positions (f32).
+    /// Bytes of K and V of one layer that hold positions.
     pub fn layer_bytes_used(&self) -> usize {
-        2 * self.shape.n_head * self.len * self.shape.head_dim * 4
+        2 * self.shape.n_head * self.len * self.shape.ty.row_bytes(self.shape.head_dim)
     }
 
     /// Bytes of the blocks held (a block shared with another holder counts in full here too).
@@ -178,7 +195,7 @@ impl KvCache {
     /// Replaces block `j` by a copy of it from the pool (its other holders keep the original).
     fn copy_block(&mut self, j: usize) -> Result<()> {
         let mut copy = self.take_block()?;
-        Arc::get_mut(&mut copy).expect("a new block").data_mut().copy_from_slice(self.blocks[j].data());
+        Arc::get_mut(&mut copy).expect("a new block").data_mut().copy_from_slice(self.blocks[j].data()); // words
         self.blocks[j] = copy;
         Ok(())
     }
@@ -212,18 +229,24 @@ impl KvCache {
         })
     }
 
-    /// Head `h`'s row of layer `l`'s K or V at position `p` (`[HS]`).
+    /// Head `h`'s row of layer `l`'s K or V at position `p`, as held (`W` words).
     fn row(&self, l: usize, part: usize, h: usize, p: usize) -> &[f32] {
-        let (b, hs) = (self.shape.positions, self.shape.head_dim);
-        &self.blocks[p / b].data()[self.shape.row(l, part, h, p % b)..][..hs]
+        let (b, w) = (self.shape.positions, self.shape.row_words());
+        &self.blocks[p / b].data()[self.shape.row(l, part, h, p % b)..][..w]
     }
 
-    /// The same row to write: its block is this cache's own (reserved, copied if it was shared).
-    fn row_mut(&mut self, l: usize, part: usize, h: usize, p: usize) -> &mut [f32] {
-        let (b, hs) = (self.shape.positions, self.shape.head_dim);
+    /// The same row's values (`out`: `[HS]`), widened exactly from how they are held.
+    fn read_row(&self, l: usize, part: usize, h: usize, p: usize, out: &mut [f32]) {
+        kv_load(self.shape.ty, out, self.row(l, part, h, p));
+    }
+
+    /// Stores `x` (`[HS]`) as the row: its block is this cache's own (reserved, copied if it was
+    /// shared).
+    fn store_row(&mut self, l: usize, part: usize, h: usize, p: usize, x: &[f32]) {
+        let (b, w, ty) = (self.shape.positions, self.shape.row_words(), self.shape.ty);
         let at = self.shape.row(l, part, h, p % b);
         let block = Arc::get_mut(&mut self.blocks[p / b]).expect("a reserved block is the cache's own");
-        &mut block.data_mut()[at..][..hs]
+        kv_store(ty, &mut block.data_mut()[at..][..w], x);
     }
 
     /// Writes K and V of `t` new tokens of layer `l` at positions `len..len+t` (reserved), taking
@@ -234,8 +257,8 @@ impl KvCache {
         for i in 0..t {
             let row = &qkv[i * 3 * c..(i + 1) * 3 * c];
             for h in 0..nh {
-                self.row_mut(l, 0, h, p + i).copy_from_slice(&row[c + h * hs..c + (h + 1) * hs]);
-                self.row_mut(l, 1, h, p + i).copy_from_slice(&row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+                self.store_row(l, 0, h, p + i, &row[c + h * hs..c + (h + 1) * hs]);
+                self.store_row(l, 1, h, p + i, &row[2 * c + h * hs..2 * c + (h + 1) * hs]);
             }
         }
     }
@@ -253,11 +276,9 @@ impl KvCache {
     /// K (or V) of layer `l` for positions `0..len`, as `[NH, len, HS]` (copied out of the blocks).
     pub fn gather(&self, l: usize, which: KvPart) -> Vec<f32> {
         let (nh, hs, part) = (self.shape.n_head, self.shape.head_dim, which as usize);
-        let mut out = Vec::with_capacity(nh * self.len * hs);
-        for h in 0..nh {
-            for p in 0..self.len {
-                out.extend_from_slice(self.row(l, part, h, p));
-            }
+        let mut out = vec![0.0; nh * self.len * hs];
+        for (i, o) in out.chunks_mut(hs).enumerate() {
+            self.read_row(l, part, i / self.len, i % self.len, o);
         }
         out
     }
@@ -273,7 +294,7 @@ impl KvCache {
         );
         let (s, o) = (self.shape, other.shape);
         let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-        (s.n_layer, s.n_head, s.head_dim) == (o.n_layer, o.n_head, o.head_dim)
+        (s.n_layer, s.n_head, s.head_dim, s.ty) == (o.n_layer, o.n_head, o.head_dim, o.ty)
             && (0..s.n_layer).all(|l| {
                 (0..2).all(|part| {
                     (0..s.n_head).all(|h| (0..n).all(|p| same(self.row(l, part, h, p), other.row(l, part, h, p))))
@@ -285,13 +306,10 @@ impl KvCache {
     pub fn span(&self, a: usize, b: usize) -> KvSpan {
         assert!(a <= b && b <= self.len, "span {a}..{b} of a cache holding {} positions", self.len);
         let BlockShape { n_layer, n_head, head_dim, .. } = self.shape;
-        let mut data = Vec::with_capacity(n_layer * 2 * n_head * (b - a) * head_dim);
-        for l in 0..n_layer {
-            for part in 0..2 {
-                for h in 0..n_head {
-                    (a..b).for_each(|p| data.extend_from_slice(self.row(l, part, h, p)));
-                }
-            }
+        let mut data = vec![0.0; n_layer * 2 * n_head * (b - a) * head_dim];
+        for (i, o) in data.chunks_mut(head_dim).enumerate() {
+            let (lph, p) = (i / (b - a), a + i % (b - a)); // ((l · 2 + part) · NH + h, position)
+            self.read_row(lph / (2 * n_head), lph / n_head % 2, lph % n_head, p, o);
         }
         KvSpan { len: b - a, n_layer, n_head, head_dim, data }
     }
@@ -309,7 +327,7 @@ impl KvCache {
                 for h in 0..s.n_head {
                     let src = span.head(l, part, h);
                     for i in from..to {
-                        self.row_mut(l, part, h, p + i - from).copy_from_slice(&src[i * hs..(i + 1) * hs]);
+                        self.store_row(l, part, h, p + i - from, &src[i * hs..(i + 1) * hs]);
                     }
                 }
             }
@@ -329,7 +347,7 @@ impl KvCache {
                 self.len
             )));
         }
-        if blocks.iter().any(|b| b.data().len() != self.shape.floats()) {
+        if blocks.iter().any(|b| b.data().len() != self.shape.words()) {
             return Err(Error::Invalid("a mapped block is not of this cache's block size".into()));
         }
         self.check_room(len)?;
@@ -354,7 +372,10 @@ impl KvCache {
         if self.shared(j) {
             self.copy_block(j).expect("a block to copy into");
         }
-        self.row_mut(l, which as usize, h, p)[i] += delta;
+        let mut x = vec![0.0; self.shape.head_dim];
+        self.read_row(l, which as usize, h, p, &mut x);
+        x[i] += delta;
+        self.store_row(l, which as usize, h, p, &x);
     }
 }
 
@@ -372,13 +393,17 @@ impl KvBlocks for LayerBlocks<'_> {
     }
     #[inline]
     fn k(&self, j: usize, h: usize) -> &[f32] {
-        let n = self.shape.positions * self.shape.head_dim;
+        let n = self.shape.positions * self.shape.row_words();
         &self.blocks[j].data()[self.shape.row(self.l, 0, h, 0)..][..n]
     }
     #[inline]
     fn v(&self, j: usize, h: usize) -> &[f32] {
-        let n = self.shape.positions * self.shape.head_dim;
+        let n = self.shape.positions * self.shape.row_words();
         &self.blocks[j].data()[self.shape.row(self.l, 1, h, 0)..][..n]
+    }
+    #[inline]
+    fn kv_type(&self) -> KvType {
+        self.shape.ty
     }
 }
 

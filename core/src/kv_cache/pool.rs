@@ -1,17 +1,20 @@
 //! The K/V memory: a pool of fixed-size blocks, each holding every layer's K and V for `B`
-//! consecutive positions. Caches hold blocks by reference count (`Arc<Block>`): a block shared
-//! by several caches and the prompt cache is one block in memory, and it goes back to the pool
-//! when the last holder lets go (its buffer is kept for the next block, so a pool that has run
+//! consecutive positions, in the type `--kv-dtype` asks for. Caches hold blocks by reference
+//! count (`Arc<Block>`): a block shared by several caches and the prompt cache is one block in
+//! memory, and it goes back to the pool when the last holder lets go (its buffer is kept for the next block, so a pool that has run
 //! once allocates nothing more). The pool never holds more than its `total` blocks.
 
+use super::KvSpec;
 use crate::config::Config;
+use kvgpt_kernels::KvType;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Positions per block unless a command says otherwise (`--kv-block-size`), as vLLM's default.
 pub const DEFAULT_BLOCK: usize = 16;
 
-/// What one block holds: `positions` positions of every layer's K and V, `[L, 2, NH, B, HS]` f32.
+/// What one block holds: `positions` positions of every layer's K and V, `[L, 2, NH, B, W]`
+/// 4-byte words, a row of `HS` values held as `ty` in `W = ty.row_words(HS)` words (`HS` for f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockShape {
     pub n_layer: usize,
@@ -19,26 +22,34 @@ pub struct BlockShape {
     pub head_dim: usize,
     /// Positions per block (`B`).
     pub positions: usize,
+    /// How each row is held.
+    pub ty: KvType,
 }
 
 impl BlockShape {
-    pub fn of(cfg: &Config, positions: usize) -> BlockShape {
-        BlockShape { n_layer: cfg.n_layer, n_head: cfg.n_head, head_dim: cfg.head_dim(), positions }
+    pub fn of(cfg: &Config, spec: KvSpec) -> BlockShape {
+        let (head_dim, positions, ty) = (cfg.head_dim(), spec.block(), spec.kv_type());
+        BlockShape { n_layer: cfg.n_layer, n_head: cfg.n_head, head_dim, positions, ty }
     }
 
-    /// Floats in one block.
-    pub fn floats(&self) -> usize {
-        self.n_layer * 2 * self.n_head * self.positions * self.head_dim
+    /// Words of one row (one head's K or V at one position).
+    pub fn row_words(&self) -> usize {
+        self.ty.row_words(self.head_dim)
+    }
+
+    /// Words in one block.
+    pub fn words(&self) -> usize {
+        self.n_layer * 2 * self.n_head * self.positions * self.row_words()
     }
 
     /// Bytes in one block.
     pub fn bytes(&self) -> usize {
-        self.floats() * 4
+        self.words() * 4
     }
 
     /// Where head `h`'s row `r` of layer `l`'s K (`part` 0) or V (1) starts in a block.
     pub(super) fn row(&self, l: usize, part: usize, h: usize, r: usize) -> usize {
-        (((l * 2 + part) * self.n_head + h) * self.positions + r) * self.head_dim
+        (((l * 2 + part) * self.n_head + h) * self.positions + r) * self.row_words()
     }
 
     /// Blocks that hold `positions` positions.
@@ -85,9 +96,9 @@ struct Shared {
 pub struct Pool(Arc<Shared>);
 
 impl Pool {
-    /// A pool of at most `total` blocks of `positions` positions each, for the model `cfg`.
-    pub fn new(cfg: &Config, positions: usize, total: usize) -> Pool {
-        let shape = BlockShape::of(cfg, positions.max(1));
+    /// A pool of at most `total` blocks held as `spec` says, for the model `cfg`.
+    pub fn new(cfg: &Config, spec: KvSpec, total: usize) -> Pool {
+        let shape = BlockShape::of(cfg, spec);
         Pool(Arc::new(Shared { shape, total, free: Mutex::new(Vec::new()), in_use: AtomicUsize::new(0) }))
     }
 
@@ -124,7 +135,7 @@ impl Pool {
             }
         }
         let reused = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let data = reused.unwrap_or_else(|| vec![0.0; s.shape.floats()].into_boxed_slice());
+        let data = reused.unwrap_or_else(|| vec![0.0; s.shape.words()].into_boxed_slice());
         Some(Arc::new(Block { data, pool: s.clone() }))
     }
 }

@@ -1,4 +1,4 @@
-use super::{KvCache, KvPart, KvSpan, Pool};
+use super::{KvCache, KvPart, KvSpan, KvSpec, Pool};
 use crate::config::Config;
 
 pub(crate) fn cfg() -> Config {
@@ -35,7 +35,7 @@ pub(crate) fn cache_of(ids: &[u32]) -> KvCache {
 
 /// [`cache_of`] in blocks of `b` positions.
 pub(crate) fn cache_in_blocks(ids: &[u32], b: usize) -> KvCache {
-    let mut cache = KvCache::with_blocks(&cfg(), 64, b);
+    let mut cache = KvCache::with_spec(&cfg(), 64, KvSpec::new(b).unwrap());
     cache.append_span(&span_of(ids), 0, ids.len()).unwrap();
     cache
 }
@@ -44,7 +44,7 @@ pub(crate) fn cache_in_blocks(ids: &[u32], b: usize) -> KvCache {
 fn same_bits_compares_the_positions_whatever_the_blocks() {
     let a = cache_of(&[1, 2, 3]); // blocks of 16
     for block in [1, 2, 64] {
-        let mut b = KvCache::with_blocks(&cfg(), 3, block);
+        let mut b = KvCache::with_spec(&cfg(), 3, KvSpec::new(block).unwrap());
         b.append_span(&a.span(0, 3), 0, 3).unwrap();
         assert!(a.same_bits(&b, 3) && b.same_bits(&a, 3));
         assert_eq!(b.gather(0, KvPart::V), a.gather(0, KvPart::V));
@@ -56,7 +56,7 @@ fn same_bits_compares_the_positions_whatever_the_blocks() {
 
 #[test]
 fn blocks_come_as_positions_arrive_and_go_back_when_let_go() {
-    let pool = Pool::new(&cfg(), 4, 3); // 3 blocks of 4 positions
+    let pool = Pool::new(&cfg(), KvSpec::new(4).unwrap(), 3); // 3 blocks of 4 positions
     let mut a = KvCache::in_pool(&pool, &cfg(), 64);
     assert_eq!((pool.used_blocks(), a.blocks_needed(5)), (0, 2));
     a.append_span(&span_of(&[1, 2, 3, 4, 5]), 0, 5).unwrap();
@@ -75,7 +75,7 @@ fn blocks_come_as_positions_arrive_and_go_back_when_let_go() {
 
 #[test]
 fn a_shared_block_is_copied_before_it_is_written() {
-    let pool = Pool::new(&cfg(), 4, 8);
+    let pool = Pool::new(&cfg(), KvSpec::new(4).unwrap(), 8);
     let a = {
         let mut a = KvCache::in_pool(&pool, &cfg(), 64);
         a.append_span(&span_of(&[1, 2, 3, 4, 5, 6]), 0, 6).unwrap();

@@ -7,7 +7,7 @@
 
 use crate::config::Config;
 use crate::kv_cache::KvCache;
-use kvgpt_kernels::PackedMatrix;
+use kvgpt_kernels::{KvType, PackedMatrix};
 use rayon::prelude::*;
 
 /// The fingerprint's format: changes when what it covers changes.
@@ -55,14 +55,18 @@ impl Part<'_> {
     }
 }
 
-/// What stored K/V are keyed by: the model's fingerprint and the K/V's layout (`--prompt-cache`
-/// files now, the block stores next). K/V under another key were made by another model, type or
+/// What stored K/V are keyed by: the model's fingerprint, the K/V's layout and the type they are
+/// held in (`--kv-dtype`; f32 adds nothing, keeping the key it always had) — `--prompt-cache`
+/// files now, the block stores next. K/V under another key were made by another model, type or
 /// layout, and are never used.
-pub(super) fn of_kv(model: Fingerprint) -> Fingerprint {
+pub(super) fn of_kv(model: Fingerprint, ty: KvType) -> Fingerprint {
     let mut h = blake3::Hasher::new();
     h.update(b"kvgpt K/V");
     h.update(&model.0);
     h.update(KvCache::LAYOUT.as_bytes());
+    if ty != KvType::F32 {
+        h.update(ty.name().as_bytes());
+    }
     Fingerprint(*h.finalize().as_bytes())
 }
 

@@ -140,9 +140,9 @@ impl Model {
         self.fingerprint
     }
 
-    /// What K/V this model computes are stored under: its fingerprint and the K/V's layout.
+    /// What K/V this model computes are stored under: its fingerprint, the K/V's layout and type.
     pub fn kv_fingerprint(&self) -> Fingerprint {
-        fingerprint::of_kv(self.fingerprint)
+        fingerprint::of_kv(self.fingerprint, self.kv.kv_type())
     }
 
     /// Every tensor, in one fixed order, as the fingerprint reads them.
@@ -180,7 +180,7 @@ impl Model {
 
     /// A cache of its own for `capacity` positions, held as [`Model::kv`] says.
     pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::with_blocks(&self.config, capacity, self.kv.block())
+        KvCache::with_spec(&self.config, capacity, self.kv)
     }
 
     /// The dtype the weights are held in for computation.

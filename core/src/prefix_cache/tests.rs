@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::kv_cache::tests::{cache_in_blocks, cfg};
+use crate::kv_cache::KvSpec;
 
 const PER_TOKEN: usize = 20; // 2 parts × 2 floats × 4 bytes of K/V + 4 bytes of token id
 
@@ -20,7 +21,7 @@ fn hit(c: &mut PrefixCache, ids: &[u32]) -> usize {
 /// [`hit`] for a tree of blocks of `b` positions.
 fn hit_in(c: &mut PrefixCache, ids: &[u32], b: usize) -> usize {
     let l = c.lookup(ids);
-    let mut restored = KvCache::with_blocks(&cfg(), 64, b);
+    let mut restored = KvCache::with_spec(&cfg(), 64, KvSpec::new(b).unwrap());
     restored.map_prefix(&l.blocks, l.len).unwrap();
     let want = cache_in_blocks(&ids[..l.len], b);
     for part in [crate::kv_cache::KvPart::K, crate::kv_cache::KvPart::V] {
@@ -172,7 +173,7 @@ fn blocks_of_any_size_map_back_the_exact_prefix_and_go_back_when_nobody_holds_th
         }
         // A sequence that maps a hit keeps its blocks when the tree evicts everything.
         let Lookup { len, blocks, hold, .. } = c.lookup(&[1, 2, 3, 4, 8, 9, 0]);
-        let mut seq = KvCache::with_blocks(&cfg(), 64, b);
+        let mut seq = KvCache::with_spec(&cfg(), 64, KvSpec::new(b).unwrap());
         seq.map_prefix(&blocks, len).unwrap();
         drop(blocks);
         c.release(hold);

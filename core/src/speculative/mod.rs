@@ -217,7 +217,7 @@ impl DraftConfig {
     pub fn kv_bytes(&self, positions: usize) -> usize {
         match &self.source {
             DraftSource::Lookup { .. } => 0,
-            DraftSource::Model(m) => positions * KvCache::bytes_per_position(&m.config),
+            DraftSource::Model(m) => positions * KvCache::bytes_per_position_as(&m.config, m.kv().kv_type()),
         }
     }
 

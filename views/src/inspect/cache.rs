@@ -46,7 +46,7 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
         prompt_tokens: tr.prompt_len,
         prefill_tokens: tr.prefill_len,
         capacity: tr.cache.capacity(),
-        bytes_per_position: KvCache::bytes_per_position(cfg),
+        bytes_per_position: KvCache::bytes_per_position_as(cfg, tr.cache.shape().ty),
         block_size: tr.cache.shape().positions,
         blocks: tr.cache.blocks().len(),
         positions_held: tr.cache.len(),

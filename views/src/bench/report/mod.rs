@@ -1,6 +1,10 @@
 //! `kvgpt bench`'s report: what the run was, one row per test as the table, JSON and CSV show
 //! it, and the tables that compare rows (cached against uncached, sampled, drafted, batched).
 
+mod csv;
+
+pub use csv::csv;
+
 use super::{mean_sd, percentile, Row, Test};
 use kvgpt_core::units::count;
 use kvgpt_core::{KvCache, Loaded};
@@ -23,7 +27,8 @@ pub struct Header {
     pub weight_bytes: usize,
     pub parameters: usize,
     pub kv_cache_bytes: usize,
-    pub kv_block_size: usize, // --kv-block-size
+    pub kv_block_size: usize,   // --kv-block-size
+    pub kv_dtype: &'static str, // --kv-dtype
     pub peak_rss_bytes: u64,
     pub read_bandwidth_gb_s: f64,
     /// Depths were given (-d): rows are named `… @ dN`.
@@ -54,8 +59,9 @@ impl Header {
             load_ms,
             weight_bytes: m.weight_bytes(),
             parameters: kvgpt_core::weights::parameter_count(cfg),
-            kv_cache_bytes: KvCache::bytes_per_position(cfg) * cfg.n_positions,
+            kv_cache_bytes: KvCache::bytes_per_position_as(cfg, m.kv().kv_type()) * cfg.n_positions,
             kv_block_size: m.kv().block(),
+            kv_dtype: m.kv().kv_type().name(),
             peak_rss_bytes,
             read_bandwidth_gb_s: bandwidth,
             depths,
@@ -135,6 +141,7 @@ pub struct RowReport<'a> {
     load_ms: f64,
     read_bandwidth_gb_s: f64,
     kv_block_size: usize,
+    kv_dtype: &'static str,
     isa: &'static str,
     cpu_features: &'a [&'static str],
     git: &'static str,
@@ -185,6 +192,7 @@ impl<'a> RowReport<'a> {
             load_ms: h.load_ms,
             read_bandwidth_gb_s: h.read_bandwidth_gb_s,
             kv_block_size: h.kv_block_size,
+            kv_dtype: h.kv_dtype,
             isa: h.isa,
             cpu_features: &h.cpu_features,
             git: h.git,
@@ -195,59 +203,6 @@ impl<'a> RowReport<'a> {
             tokens_per_step: drafted.then(|| (gen * r.tok_s.len()) as f64 / r.step_ms.len().max(1) as f64),
         }
     }
-}
-
-/// The rows as CSV, a header line first.
-pub fn csv(rows: &[RowReport]) -> String {
-    let mut out = String::new();
-    let _ = write_csv(&mut out, rows); // writing into a String cannot fail
-    out
-}
-
-fn write_csv(out: &mut String, rows: &[RowReport]) -> Result {
-    writeln!(
-        out,
-        "test,mode,prompt_tokens,gen_tokens,dtype,threads,reps,tok_s_avg,tok_s_sd,p50_ms,p90_ms,p99_ms,ttft_ms,\
-         weight_gb_s,peak_rss_mb,git,batch,sampler,draft,acceptance,tokens_per_step,model,model_size_bytes,\
-         model_params,backend,n_depth,kv_block_size"
-    )?;
-    // The model's name may hold a comma or a quote: quoted as CSV quotes a field.
-    let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-    let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
-    for r in rows {
-        writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            r.test,
-            r.mode,
-            r.prompt_tokens,
-            r.gen_tokens,
-            r.dtype,
-            r.threads,
-            r.reps,
-            r.tok_s_avg,
-            r.tok_s_sd,
-            r.p50_ms,
-            r.p90_ms,
-            r.p99_ms,
-            opt(r.ttft_ms),
-            opt(r.weight_gb_s),
-            r.peak_rss_mb,
-            r.git,
-            r.batch,
-            r.sampler,
-            r.draft.unwrap_or(""),
-            opt(r.acceptance),
-            opt(r.tokens_per_step),
-            quoted(r.model),
-            r.model_size_bytes,
-            r.model_params,
-            r.backend,
-            r.n_depth,
-            r.kv_block_size
-        )?;
-    }
-    Ok(())
 }
 
 /// One thread count's run as Markdown: what it was, the table of every row, then the tables
@@ -284,7 +239,8 @@ fn md_header(out: &mut String, h: &Header) -> Result {
     let (w, kv, rss) = (mb(h.weight_bytes as f64), mb(h.kv_cache_bytes as f64), mb(h.peak_rss_bytes as f64));
     writeln!(
         out,
-        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB in blocks of {} | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB ({}, blocks of {}) | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        h.kv_dtype,
         h.kv_block_size,
         rss / (w + kv),
         h.read_bandwidth_gb_s

@@ -1,0 +1,69 @@
+//! K/V held as f16, bf16 and q8_0 (`--kv-dtype`, issue #34): near Hugging Face's logits, the same
+//! bits cached or recomputed and on every instruction set (tests/kv_pool.rs's property test runs
+//! every type batched, preempted and from shared prompt-cache blocks against `generate()` alone),
+//! `score --kv-dtype` reporting KL, top-1 agreement and perplexity against f32 K/V, and the bytes
+//! per position llama.cpp's types take.
+
+mod common;
+
+use common::*;
+use kvgpt_core::{Isa, KvCache, KvSpec, KvType, Model};
+
+fn model_as(ty: KvType) -> Model {
+    let loaded = load_fixture();
+    Model::load(&loaded.files.config, &loaded.files.weights).unwrap().with_kv(KvSpec::default().with_type(ty))
+}
+
+#[test]
+fn every_kv_type_stays_near_hf_and_keeps_its_bits_cached_and_on_every_isa() {
+    let reference = Reference::load();
+    let prompts = reference.prompts();
+    for (ty, tol) in [(KvType::F32, 1e-4), (KvType::F16, 1e-2), (KvType::Bf16, 8e-2), (KvType::Q8_0, 0.2)] {
+        let model = model_as(ty);
+        let (worst, agree, n) = against_hf(&model, &reference);
+        println!("K/V {}: max |Δlogit| vs HF {worst:.2e}, argmax {agree}/{n}", ty.name());
+        assert!(worst <= tol, "{}: max |Δlogit| {worst} vs HF", ty.name());
+        assert_eq!(agree, n, "{}: every position's top token is HF's", ty.name());
+        let c = kvgpt_views::verify::cache_vs_recompute(&model, &prompts[1].ids, 20, 0.0).unwrap();
+        assert!(c.passes() && c.max_abs_diff == 0.0, "{} cached vs recomputed: {c:?}", ty.name());
+        let want = bits(&all_logits(&model.with_isa(Isa::scalar()), &prompts[2].ids));
+        for isa in Isa::available() {
+            let got = bits(&all_logits(&model_as(ty).with_isa(isa), &prompts[2].ids));
+            assert!(got == want, "{} on {}: the scalar path's bits", ty.name(), isa.name());
+        }
+    }
+}
+
+#[test]
+fn kv_types_take_llama_cpp_s_bytes_per_position() {
+    // DistilGPT-2's shape: 6 layers, 12 heads of 64. ggml's row sizes: f16 2 bytes a value,
+    // q8_0 34 bytes a block of 32.
+    let cfg = kvgpt_core::config::Config { n_layer: 6, n_head: 12, n_embd: 768, ..load_fixture().model.config };
+    let per = |ty| KvCache::bytes_per_position_as(&cfg, ty);
+    assert_eq!([KvType::F32, KvType::F16, KvType::Bf16, KvType::Q8_0].map(per), [36_864, 18_432, 18_432, 9_792]);
+    assert!(per(KvType::F32) as f64 / per(KvType::Q8_0) as f64 >= 3.5, "positions per MB ≥ 3.5× f32's");
+}
+
+#[test]
+fn score_reports_what_each_kv_type_costs_against_f32() {
+    let (reference, m) = (Reference::load(), model());
+    let text = &reference.prompts().into_iter().max_by_key(|p| p.ids.len()).unwrap().text;
+    let (out, _) = ok(&kvgpt_within(&["score", "--model", &m, "--json", text], &[], ""));
+    let f32_run: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(f32_run["kv_dtype"], "f32");
+    assert!(f32_run.get("kl_mean").is_none(), "f32 K/V compares with nothing");
+    for (ty, max_kl, min_agree) in [("f16", 1e-5, 1.0), ("bf16", 1e-3, 0.98), ("q8_0", 1e-3, 0.98)] {
+        let (out, _) = ok(&kvgpt_within(&["score", "--model", &m, "--json", "--kv-dtype", ty, text], &[], ""));
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let f = |k: &str| j[k].as_f64().unwrap_or_else(|| panic!("{ty}: {k} in {j}"));
+        assert_eq!(j["kv_dtype"], ty);
+        assert!(f("kl_mean") > 0.0 && f("kl_mean") <= max_kl && f("kl_max") >= f("kl_mean"), "{ty}: {j}");
+        assert!(f("top1_agreement") >= min_agree, "{ty}: {j}");
+        // The f32-K/V perplexity it compares with is plain `score`'s, and the change is theirs.
+        assert!((f("perplexity_f32_kv") - f32_run["perplexity"].as_f64().unwrap()).abs() < 1e-9 * f("perplexity"));
+        assert!((f("perplexity_change") - (f("perplexity") / f("perplexity_f32_kv") - 1.0)).abs() < 1e-12);
+        assert!((f("perplexity") - j["mean_loss"].as_f64().unwrap().exp()).abs() < 1e-9 * f("perplexity"));
+    }
+    let (text_out, _) = ok(&kvgpt_within(&["score", "--model", &m, "--kv-dtype", "q8_0", "Hello there you"], &[], ""));
+    assert!(text_out.contains("K/V as q8_0 against f32 K/V: KL mean"), "{text_out}");
+}
