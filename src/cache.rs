@@ -7,7 +7,7 @@ use crate::common::{load, print_json, prompt_ids, read_prompt_file, ModelArgs, O
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use kvgpt_core::cache_report::Report;
-use kvgpt_views::cache_replay::replay;
+use kvgpt_views::cache_replay::{replay, BlockKind, BlockRow};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -38,6 +38,32 @@ impl CacheCmd {
     }
 }
 
+/// A block table as one line: a cell per block (▣ shared with the earlier prompts, ◩ copied on
+/// write, □ its own), the counts, and logical → physical.
+fn blocks_line(rows: &[BlockRow], block: usize) -> String {
+    let cell = |r: &BlockRow| match r.kind {
+        BlockKind::Shared => "▣",
+        BlockKind::Copied => "◩",
+        BlockKind::Own => "□",
+    };
+    let n = |k| rows.iter().filter(|r| r.kind == k).count();
+    let map: Vec<String> = rows
+        .iter()
+        .map(|r| match r.copied_from {
+            Some(f) => format!("{}→#{} (copy of #{f})", r.logical, r.physical),
+            None => format!("{}→#{}", r.logical, r.physical),
+        })
+        .collect();
+    format!(
+        "blocks of {block}: {}  {} shared with earlier prompts (no copy), {} copied on write, {} its own | {}",
+        rows.iter().map(cell).collect::<String>(),
+        n(BlockKind::Shared),
+        n(BlockKind::Copied),
+        n(BlockKind::Own),
+        map.join(" ")
+    )
+}
+
 /// `reused` of `n` positions as a bar of 40 cells: ■ reused, □ computed.
 fn bar(reused: usize, n: usize) -> String {
     const W: usize = 40;
@@ -59,6 +85,7 @@ pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
         prompts.push(ids);
     }
     let replayed = replay(&loaded.model, &prompts)?;
+    let block = loaded.model.kv().block();
     let tok = &loaded.tokenizer;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let reports: Vec<Report> =
@@ -69,8 +96,9 @@ pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
             .iter()
             .zip(reports.iter().zip(&replayed))
             .map(|(f, (rep, r))| {
-                json!({"file": f.display().to_string(), "report": rep, "prefill_ms": ms(r.prefill),
-                       "cold_prefill_ms": ms(r.cold_prefill), "same_bits_as_cold": r.same_bits})
+                json!({"file": f.display().to_string(), "report": rep, "block_size": block, "blocks": r.blocks,
+                       "prefill_ms": ms(r.prefill), "cold_prefill_ms": ms(r.cold_prefill),
+                       "same_bits_as_cold": r.same_bits})
             })
             .collect();
         print_json(&json!(v))?;
@@ -85,6 +113,7 @@ pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
         outln!("\n{}: {} tokens", f.display(), rep.prompt_tokens);
         outln!("  {}  reused {} · computed {}", bar(rep.reused, rep.prompt_tokens), rep.reused, rep.recomputed);
         outln!("  {}", rep.sentence());
+        outln!("  {}", blocks_line(&r.blocks, block));
         if let Some(c) = rep.context.as_ref().filter(|_| rep.cached_token.is_some()) {
             outln!("  cached: …{:?} ⟦ {:?} ⟧", c.before, c.cached_after);
             outln!("  this:   …{:?} ⟦ {:?} ⟧", c.before, c.new_after);

@@ -66,6 +66,28 @@ fn work_counts_match_a_count_derived_from_the_config() {
     let (l, c) = (cfg["n_layer"].as_u64().unwrap(), cfg["n_embd"].as_u64().unwrap());
     assert_eq!((j["capacity"].as_u64(), j["block_size"].as_u64(), j["blocks"].as_u64()), (Some(10), Some(16), Some(1)));
     assert_eq!(j["bytes_allocated"].as_u64().unwrap(), 16 * 2 * l * c * 4);
+    assert_eq!(j["block_table"], serde_json::json!([{"logical": 0, "physical": 0, "positions": [0, 10], "step": 0}]));
+    // In blocks of 3, the prompt's 4 positions take two blocks in the prefill and the decode
+    // steps take the next as their positions reach them.
+    let j = json_of(&[
+        "inspect",
+        "cache",
+        "The cat sat on",
+        "--model",
+        &model(),
+        "--generate",
+        "6",
+        "--kv-block-size",
+        "3",
+        "--json",
+    ]);
+    let table: Vec<(u64, u64)> = j["block_table"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["positions"][0].as_u64().unwrap(), e["step"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(table, [(0, 0), (3, 0), (6, 3), (9, 6)], "{}", j["block_table"]);
     let text = stdout(&["inspect", "cache", "The cat sat on", "--model", &model(), "--generate", "6"]);
     let says = format!(
         "This run holds 1 block of 16 positions for its 10 positions: {:.1} KiB",
@@ -197,6 +219,38 @@ fn the_terminal_view_marks_steps_and_pictures_stay_off_the_terminal() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--step 4 is out of range: this run has only the prefill"));
 }
 
+/// `cache diff`'s block tables for a prompt of `la` tokens, then one of `lb` whose first `stop`
+/// tokens match it: the first takes its own blocks; the second maps the whole blocks before the
+/// stop (the same physical blocks), copies the block the stop falls inside, and takes the rest.
+fn block_tables_follow_the_stop(j: &Value, (la, lb): (usize, usize), stop: usize, block: usize) {
+    let rows = |i: usize| j[i]["blocks"].as_array().unwrap().clone();
+    let (first, second) = (rows(0), rows(1));
+    let kind = |r: &Value| r["kind"].as_str().unwrap().to_string();
+    assert_eq!(first.len(), la.div_ceil(block));
+    assert!(first.iter().all(|r| kind(r) == "own"), "{first:?}");
+    assert_eq!(second.len(), lb.div_ceil(block));
+    for (l, r) in second.iter().enumerate() {
+        let want = if l < stop / block {
+            "shared"
+        } else if l == stop / block && !stop.is_multiple_of(block) {
+            "copied"
+        } else {
+            "own"
+        };
+        assert_eq!(
+            (kind(r), r["logical"].as_u64()),
+            (want.to_string(), Some(l as u64)),
+            "blocks of {block}: {second:?}"
+        );
+        match want {
+            "shared" => assert_eq!(r["physical"], first[l]["physical"], "the earlier prompt's block itself"),
+            "copied" => assert_eq!(r["copied_from"], first[l]["physical"], "a copy of the partly matched block"),
+            _ => assert!(first.iter().all(|f| f["physical"] != r["physical"]), "a block of its own"),
+        }
+    }
+    assert_eq!(j[1]["block_size"].as_u64(), Some(block as u64));
+}
+
 /// The README's demo: a system prompt with a `Current time:` line, two requests a minute apart,
 /// through `kvgpt cache diff`; where reuse must stop is computed here from Hugging Face's own
 /// tokenizer (the `tokenizers` library reading the model's tokenizer.json), not by kvgpt.
@@ -231,6 +285,11 @@ fn cache_diff_stops_at_the_first_token_the_tokenizer_says_differs() {
         assert_eq!((r(2)["reused"].as_u64(), r(2)["reason"].as_str()), (Some(ib.len() as u64 - 1), Some("last_token")));
         for i in 0..3 {
             assert_eq!(j[i]["same_bits_as_cold"], true, "a reused prefix gives the same logits as none");
+        }
+        for block in [4usize, 16] {
+            let j =
+                json_of(&["cache", "diff", a, b, "--model", &model(), "--json", "--kv-block-size", &block.to_string()]);
+            block_tables_follow_the_stop(&j, (ia.len(), ib.len()), stop, block);
         }
     }
     let out = kvgpt(&["cache", "diff", "examples/no-such.txt", "examples/no-such.txt", "--model", &model()]);

@@ -7,6 +7,7 @@
 use super::KvSpec;
 use crate::config::Config;
 use kvgpt_kernels::KvType;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -61,12 +62,20 @@ impl BlockShape {
 /// One block of K/V memory, back to its pool when dropped.
 pub struct Block {
     data: Box<[f32]>,
+    /// Which of the pool's buffers it is (its physical number, for the views).
+    id: usize,
     pool: Arc<Shared>,
 }
 
 impl Block {
     pub fn data(&self) -> &[f32] {
         &self.data
+    }
+
+    /// The physical block: which of its pool's buffers holds it (numbered as they were first
+    /// made; a block given back and taken again may come back in another).
+    pub fn id(&self) -> usize {
+        self.id
     }
 
     pub(super) fn data_mut(&mut self) -> &mut [f32] {
@@ -77,7 +86,7 @@ impl Block {
 impl Drop for Block {
     fn drop(&mut self) {
         let data = std::mem::take(&mut self.data);
-        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push(data);
+        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push_back((self.id, data));
         self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -85,8 +94,10 @@ impl Drop for Block {
 struct Shared {
     shape: BlockShape,
     total: usize,
-    /// Buffers of blocks that were given back, for the next ones.
-    free: Mutex<Vec<Box<[f32]>>>,
+    /// Buffers of blocks that were given back (with their numbers), for the next ones.
+    free: Mutex<VecDeque<(usize, Box<[f32]>)>>,
+    /// Buffers made so far.
+    made: AtomicUsize,
     /// Blocks handed out and not yet given back.
     in_use: AtomicUsize,
 }
@@ -99,7 +110,8 @@ impl Pool {
     /// A pool of at most `total` blocks held as `spec` says, for the model `cfg`.
     pub fn new(cfg: &Config, spec: KvSpec, total: usize) -> Pool {
         let shape = BlockShape::of(cfg, spec);
-        Pool(Arc::new(Shared { shape, total, free: Mutex::new(Vec::new()), in_use: AtomicUsize::new(0) }))
+        let (free, made, in_use) = (Mutex::new(VecDeque::new()), AtomicUsize::new(0), AtomicUsize::new(0));
+        Pool(Arc::new(Shared { shape, total, free, made, in_use }))
     }
 
     pub fn shape(&self) -> BlockShape {
@@ -134,8 +146,9 @@ impl Pool {
                 Err(now) => taken = now,
             }
         }
-        let reused = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let data = reused.unwrap_or_else(|| vec![0.0; s.shape.words()].into_boxed_slice());
-        Some(Arc::new(Block { data, pool: s.clone() }))
+        let reused = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop_front(); // the longest free first
+        let (id, data) = reused
+            .unwrap_or_else(|| (s.made.fetch_add(1, Ordering::Relaxed), vec![0.0; s.shape.words()].into_boxed_slice()));
+        Some(Arc::new(Block { data, id, pool: s.clone() }))
     }
 }

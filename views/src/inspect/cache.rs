@@ -3,7 +3,7 @@
 //! `--export`.
 
 use super::{cache_step_points, cache_steps, check_indices, trace, CacheStep, TraceSpec};
-use crate::render::cache::{CacheView, Compare, Ratio, StepView};
+use crate::render::cache::{BlockEntry, CacheView, Compare, Ratio, StepView};
 use kvgpt_core::error::Result;
 use kvgpt_core::work::Work;
 use kvgpt_core::{KvCache, KvPart, Loaded};
@@ -34,9 +34,11 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
     let spec = TraceSpec { generate: ask.generate, want: cache_step_points, all_logits: false, prefill: ask.prefill };
     let mut tr = trace(m, ids, &spec)?;
     let steps = cache_steps(m, &mut tr, ask.layer, ask.head)?;
+    let steps: Vec<StepView> = steps.iter().enumerate().map(|(i, st)| step_view(i, st)).collect();
     let view = CacheView {
         model: loaded.files.name.clone(),
         dtype: m.weights_dtype(),
+        kv_dtype: tr.cache.shape().ty.name(),
         n_layer: cfg.n_layer,
         n_head: cfg.n_head,
         head_dim: cfg.head_dim(),
@@ -49,15 +51,28 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
         bytes_per_position: KvCache::bytes_per_position_as(cfg, tr.cache.shape().ty),
         block_size: tr.cache.shape().positions,
         blocks: tr.cache.blocks().len(),
+        block_table: block_table(&tr.cache, &steps),
         positions_held: tr.cache.len(),
         bytes_allocated: tr.cache.bytes(),
         layer: ask.layer,
         head: ask.head,
-        steps: steps.iter().enumerate().map(|(i, st)| step_view(i, st)).collect(),
+        steps,
         k: head_rows(&tr.cache, ask.layer, ask.head, KvPart::K),
         v: head_rows(&tr.cache, ask.layer, ask.head, KvPart::V),
     };
     Ok((view, kv_tensors(&tr.cache)))
+}
+
+/// The cache's blocks in logical order, each with its physical block and the step that took it
+/// (the first whose written positions reach into it).
+fn block_table(cache: &KvCache, steps: &[StepView]) -> Vec<BlockEntry> {
+    let b = cache.shape().positions;
+    let entry = |(j, block): (usize, &std::sync::Arc<kvgpt_core::kv_cache::Block>)| {
+        let positions = [j * b, ((j + 1) * b).min(cache.len())];
+        let step = steps.iter().position(|st| st.written[1] > positions[0]).unwrap_or(0);
+        BlockEntry { logical: j, physical: block.id(), positions, step }
+    };
+    cache.blocks().iter().enumerate().map(entry).collect()
 }
 
 fn step_view(i: usize, st: &CacheStep) -> StepView {

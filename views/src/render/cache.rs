@@ -39,11 +39,23 @@ pub struct StepView {
     pub scores: Vec<Vec<Option<f32>>>,
 }
 
+/// One row of the cache's block table: logical block `logical` (positions `positions[0]..
+/// positions[1]`) lives in the pool's block `physical`, taken when step `step` first wrote it.
+#[derive(Serialize)]
+pub struct BlockEntry {
+    pub logical: usize,
+    pub physical: usize,
+    pub positions: [usize; 2],
+    pub step: usize,
+}
+
 /// Everything the views show; `--json` prints it.
 #[derive(Serialize)]
 pub struct CacheView {
     pub model: String,
     pub dtype: &'static str,
+    /// How K and V are held (`--kv-dtype`).
+    pub kv_dtype: &'static str,
     pub n_layer: usize,
     pub n_head: usize,
     pub head_dim: usize,
@@ -58,6 +70,8 @@ pub struct CacheView {
     pub bytes_per_position: usize,
     pub block_size: usize,
     pub blocks: usize,
+    /// The block table at the end: logical → physical, in position order.
+    pub block_table: Vec<BlockEntry>,
     /// Positions filled at the end.
     pub positions_held: usize,
     pub bytes_allocated: usize,

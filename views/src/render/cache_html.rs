@@ -23,6 +23,29 @@ fn round(v: &mut Value) {
     }
 }
 
+/// The block table, PagedAttention's picture: each logical block of positions, the pool's block
+/// that holds it, and the step that took it (a cache takes blocks as tokens arrive).
+fn block_table(out: &mut String, v: &CacheView) {
+    let _ = writeln!(
+        out,
+        "<table id=\"blocks\"><caption>Block table: blocks of {} positions, {} (logical → the pool's block)</caption>\n\
+         <tr><th>logical</th><th>positions</th><th>physical</th><th>taken by</th></tr>",
+        v.block_size, v.kv_dtype
+    );
+    for e in &v.block_table {
+        let by = if e.step == 0 { "the prefill".to_string() } else { format!("step {}", e.step) };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{}–{}</td><td>#{}</td><td>{by}</td></tr>",
+            e.logical,
+            e.positions[0],
+            e.positions[1].saturating_sub(1),
+            e.physical
+        );
+    }
+    out.push_str("</table>\n");
+}
+
 pub fn html(v: &CacheView) -> Result<String> {
     let mut data = serde_json::to_value(v).map_err(|e| Error::Invalid(format!("the cache view as JSON: {e}")))?;
     round(&mut data);
@@ -57,6 +80,7 @@ pub fn html(v: &CacheView) -> Result<String> {
          <figure><figcaption id=\"scores-caption\"></figcaption><svg id=\"scores\"></svg></figure>\n\
          <figure><figcaption id=\"values-caption\"></figcaption><svg id=\"values\"></svg></figure>\n</div>\n",
     );
+    block_table(&mut out, v);
     let _ = writeln!(out, "<script type=\"application/json\" id=\"kvgpt-data\">{page}</script>");
     let _ = writeln!(
         out,

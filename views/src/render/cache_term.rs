@@ -148,12 +148,13 @@ pub fn steps_text(v: &CacheView, only: Option<usize>, dims: usize) -> String {
 fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize) -> Result {
     writeln!(
         out,
-        "KV cache of {} ({} weights): {} layers × (K, V), each [{} heads, positions, {}] f32, {} per position.",
+        "KV cache of {} ({} weights): {} layers × (K, V), each [{} heads, positions, {}] {}, {} per position.",
         v.model,
         v.dtype,
         v.n_layer,
         v.n_head,
         v.head_dim,
+        v.kv_dtype,
         bytes(v.bytes_per_position as u64)
     )?;
     let plural = |n: usize| if n == 1 { "" } else { "s" };
@@ -169,6 +170,19 @@ fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize
         v.n_positions,
         bytes((v.n_positions * v.bytes_per_position) as u64)
     )?;
+    let table: Vec<String> = v
+        .block_table
+        .iter()
+        .map(|e| {
+            format!(
+                "{}→#{} ({})",
+                e.logical,
+                e.physical,
+                if e.step == 0 { "prefill".into() } else { format!("step {}", e.step) }
+            )
+        })
+        .collect();
+    writeln!(out, "Block table (logical → the pool's block, taken by): {}", table.join(", "))?;
     for st in v.steps.iter().filter(|st| only.is_none_or(|o| o == st.step)) {
         writeln!(out, "\n{}", summary(v, st))?;
         let b = st.written[1];
