@@ -38,7 +38,9 @@ mod packed;
 mod par;
 mod rows;
 
-pub use attention::{attention, attention_blocks, attention_scores, attention_scores_blocks, AttnDims, KvBlocks};
+pub use attention::{
+    attention, attention_blocks, attention_scores, attention_scores_blocks, AttnDims, KvBlocks, ATTENTION_TILE,
+};
 pub use gemm::{matmul, matmul_packed};
 pub use int8::QuantizedActs;
 pub use isa::{cpu_features, Isa};

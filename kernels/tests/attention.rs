@@ -177,17 +177,18 @@ fn attention_over_typed_kv_is_the_f32_bits_of_the_stored_values_on_every_path() 
         let q = g.vec(t_max * 3 * c);
         let scale = 1.0 / (hs as f32).sqrt();
         let mut scratch = vec![0.0; 2 * nh * t_max];
+        let mut tiles = vec![0.0; ATTENTION_TILE * nh * t_max];
         for ty in [KvType::F16, KvType::Bf16, KvType::Q8_0] {
             let (kw, vw) = (as_stored(ty, &k, hs), as_stored(ty, &v, hs));
             for b in [1, 3, 16, t_max] {
                 let paged = Paged::of(&k, &v, (nh, hs, t_max), b, ty, b as u64);
                 for isa in Isa::available() {
-                    for (t, p) in [(33, 0), (5, 7), (1, 16), (1, 39)] {
+                    for (t, p) in [(33, 0), (5, 7), (1, 16), (1, 39), (20, 11)] {
                         let d = AttnDims { t, p, nh, hs, t_max, scale };
                         let qs = &q[p * 3 * c..];
                         let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
                         attention(Isa::scalar(), &mut want, None, qs, 3 * c, &kw, &vw, &mut scratch, d);
-                        attention_blocks(isa, &mut got, None, qs, 3 * c, &paged, &mut scratch, d);
+                        attention_blocks(isa, &mut got, None, qs, 3 * c, &paged, &mut tiles, d);
                         let what = format!("{} {} B={b} HS={hs} T={t} P={p}", ty.name(), isa.name());
                         assert_eq!(bits(&got), bits(&want), "outputs, {what}");
                         let (mut want_s, mut got_s) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);
@@ -213,16 +214,18 @@ fn attention_over_blocks_is_the_contiguous_bits_whatever_the_block_size_and_plac
         let q = g.vec(t_max * 3 * c);
         let scale = 1.0 / (hs as f32).sqrt();
         let mut scratch = vec![0.0; 2 * nh * t_max];
+        // Enough scratch for tiles of ATTENTION_TILE queries: the same bits as in pairs.
+        let mut tiles = vec![0.0; ATTENTION_TILE * nh * t_max];
         for b in [1, 2, 3, 16, t_max] {
             let paged = Paged::of(&k, &v, (nh, hs, t_max), b, KvType::F32, b as u64);
             for isa in Isa::available() {
-                for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33)] {
+                for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33), (17, 3), (40, 0)] {
                     let d = AttnDims { t, p, nh, hs, t_max, scale };
                     let qs = &q[p * 3 * c..];
                     let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
                     let (mut want_p, mut got_p) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);
                     attention(isa, &mut want, Some(&mut want_p), qs, 3 * c, &k, &v, &mut scratch, d);
-                    attention_blocks(isa, &mut got, Some(&mut got_p), qs, 3 * c, &paged, &mut scratch, d);
+                    attention_blocks(isa, &mut got, Some(&mut got_p), qs, 3 * c, &paged, &mut tiles, d);
                     let what = format!("{} B={b} HS={hs} T={t} P={p}", isa.name());
                     assert_eq!(bits(&got), bits(&want), "outputs, {what}");
                     assert_eq!(bits(&got_p), bits(&want_p), "weights, {what}");

@@ -27,7 +27,7 @@ pub struct Scratch {
     pub(super) att: Vec<f32>,          // [T, C] attention output (heads side by side)
     pub(super) proj: Vec<f32>,         // [T, C] c_proj outputs
     pub(super) fc: Vec<f32>,           // [T, F]
-    pub(super) scores: Vec<f32>,       // [NH, 2, n_positions] two score rows per head
+    pub(super) scores: Vec<f32>,       // [NH, TILE, n_positions] a tile of score rows per head
     pub(super) probs: Vec<f32>,        // [NH, T, P+T] only when a tap asks for attention weights
     pub(super) logits: Vec<f32>,       // [R, V] of a batch whose logits go to several sequences
     pub(super) acts: k::QuantizedActs, // [T, K] int8 activations of the matmul at hand (W8A8 only)
@@ -45,7 +45,7 @@ impl Scratch {
             att: vec![],
             proj: vec![],
             fc: vec![],
-            scores: vec![0.0; 2 * cfg.n_head * cfg.n_positions],
+            scores: vec![0.0; k::ATTENTION_TILE * cfg.n_head * cfg.n_positions],
             probs: vec![],
             logits: vec![],
             acts: k::QuantizedActs::default(),

@@ -26,6 +26,30 @@ kernels! {
         = x86::block_sums_lanes::<L, K>, block_sums_body;
     [] fn block_sums_pair<K: KvBlocks>(o0: &mut [f32], o1: &mut [f32], p0: &[f32], p1: &[f32], kv: &K, h: usize, hs: usize)
         = x86::block_sums_pair_lanes::<L, K>, block_sums_pair_body;
+    [] fn block_scores_tile<K: KvBlocks>(s: &mut [f32], q: &[f32], kv: &K, t: Tile)
+        = x86::block_scores_tile_lanes::<L, K>, block_scores_tile_body;
+    [] fn block_sums_tile<K: KvBlocks>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile)
+        = x86::block_sums_tile_lanes::<L, K>, block_sums_tile_body;
+}
+
+/// Queries per tile of a long prefill: each block's rows are read from memory once for all of
+/// them (and stay in L1 for the rest), not once per pair of queries. A scratch of
+/// `ATTENTION_TILE × NH × (P + T)` floats lets [`attention_blocks`] use tiles.
+pub const ATTENTION_TILE: usize = 16;
+use ATTENTION_TILE as TILE;
+
+/// A tile of `m` consecutive queries of head `h`: query `r` sees keys `0..n0 + r`; its scores are
+/// row `r` of `s` (rows `stride` apart), its query `q[r * q_stride..][..HS]`, its output row `r`
+/// of `out` (`[m, HS]`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tile {
+    pub m: usize,
+    pub n0: usize,
+    pub stride: usize,
+    pub q_stride: usize,
+    pub h: usize,
+    pub hs: usize,
+    pub scale: f32,
 }
 
 /// The sizes of one attention call.
@@ -118,7 +142,8 @@ pub fn attention(
 /// - `out`: `[T, C]` with `C = NH*HS`, head `h` written to columns `h*HS..(h+1)*HS`.
 /// - `q`: `[T, q_stride]`, head `h` of query `i` at `q[i*q_stride + h*HS..]` (the fused c_attn output).
 /// - `kv`: positions `0..P+T` filled, in blocks.
-/// - `scratch`: at least `2 * NH * (P + T)` floats (two score rows per head).
+/// - `scratch`: at least `2 * NH * (P + T)` floats (two score rows per head); with
+///   `TILE * NH * (P + T)` a long prefill reads each block once per tile of queries.
 /// - `probs`: when given, `[NH, T, P+T]` receives the softmax weights (0 above the diagonal).
 ///
 /// Query at position `pos`: `s_j = dot(q, k_j) * scale` for `j <= pos`, `a = softmax(s)`,
@@ -135,7 +160,7 @@ pub fn attention_blocks<K: KvBlocks>(
     scratch: &mut [f32],
     d: AttnDims,
 ) {
-    let AttnDims { t, p, nh, hs, t_max, scale } = d;
+    let AttnDims { t, p, nh, hs, t_max, .. } = d;
     if t == 0 {
         return;
     }
@@ -145,53 +170,112 @@ pub fn attention_blocks<K: KvBlocks>(
     assert!(kv.block() > 0, "attention: blocks of no positions");
     assert!(out.len() >= t * c && q.len() >= (t - 1) * q_stride + c);
     assert!(scratch.len() >= 2 * nh * n_kv, "attention: scratch needs 2 × NH × (P + T) floats");
+    // With TILE × NH × (P + T) floats (and T ≥ TILE), queries go in tiles of TILE: the same bits.
     if let Some(pr) = probs.as_deref() {
         assert!(pr.len() >= nh * t * n_kv);
     }
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    let probs_ptr = SendPtr(probs.as_deref_mut().map_or(std::ptr::null_mut(), |p| p.as_mut_ptr()));
-    let want_probs = probs.is_some();
-    let head = |h: usize, rows: &mut [f32]| {
-        let (out_ptr, probs_ptr) = (out_ptr, probs_ptr); // the Send wrappers, not their fields
-        let (row0, row1) = rows.split_at_mut(n_kv);
-        // Queries two at a time where there are two: their weighted sums share the value rows.
-        let mut i = 0;
-        while i < t {
-            let pair = i + 1 < t;
-            let n = p + i + 1; // keys of query i: positions 0..=p+i
-            let qrow = |i: usize| &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs];
-            let s0 = &mut row0[..n];
-            block_scores(isa, s0, qrow(i), kv, h, hs, scale);
-            softmax(isa, s0);
-            // SAFETY: head h writes only columns h*HS..(h+1)*HS of rows i and i+1 of `out` (t*c
-            // floats, asserted above); no other task touches them.
-            let orow = |i: usize| unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(i * c + h * hs), hs) };
-            if pair {
-                let s1 = &mut row1[..n + 1];
-                block_scores(isa, s1, qrow(i + 1), kv, h, hs, scale);
-                softmax(isa, s1);
-                block_sums_pair(isa, orow(i), orow(i + 1), s0, s1, kv, h, hs);
-            } else {
-                block_sums(isa, orow(i), s0, kv, h, hs);
-            }
-            if want_probs {
-                for (r, s) in [(i, &*s0), (i + 1, &*row1)].into_iter().take(1 + usize::from(pair)) {
-                    let m = p + r + 1;
-                    // SAFETY: head h writes only its own [T, P+T] slab of `probs` (nh*t*n_kv
-                    // floats, asserted above).
-                    let prow = unsafe { std::slice::from_raw_parts_mut(probs_ptr.0.add((h * t + r) * n_kv), n_kv) };
-                    prow[..m].copy_from_slice(&s[..m]);
-                    prow[m..].fill(0.0);
-                }
-            }
-            i += 1 + usize::from(pair);
+    let rows = if t >= TILE && hs <= TILE_HS && scratch.len() >= TILE * nh * n_kv { TILE } else { 2 };
+    let sink = Sink {
+        out: SendPtr(out.as_mut_ptr()),
+        probs: SendPtr(probs.as_deref_mut().map_or(std::ptr::null_mut(), |p| p.as_mut_ptr())),
+        want_probs: probs.is_some(),
+        d,
+    };
+    let head = |h: usize, scores: &mut [f32]| {
+        let sink = &sink;
+        if rows == TILE {
+            head_tiles(isa, sink, h, scores, q, q_stride, kv);
+        } else {
+            head_pairs(isa, sink, h, scores, q, q_stride, kv);
         }
     };
-    let scratch = &mut scratch[..2 * nh * n_kv];
+    let scratch = &mut scratch[..rows * nh * n_kv];
     if rayon::current_num_threads() > 1 && t * n_kv * hs * nh >= PAR_MIN_WORK / 4 {
-        scratch.par_chunks_mut(2 * n_kv).enumerate().for_each(|(h, rows)| head(h, rows));
+        scratch.par_chunks_mut(rows * n_kv).enumerate().for_each(|(h, s)| head(h, s));
     } else {
-        scratch.chunks_mut(2 * n_kv).enumerate().for_each(|(h, rows)| head(h, rows));
+        scratch.chunks_mut(rows * n_kv).enumerate().for_each(|(h, s)| head(h, s));
+    }
+}
+
+/// The largest head a tile's outputs fit (on the stack).
+const TILE_HS: usize = 128;
+
+/// Where the heads write: `out` `[T, C]` and, when asked, `probs` `[NH, T, P+T]`; each head only
+/// its own columns and slab.
+struct Sink {
+    out: SendPtr,
+    probs: SendPtr,
+    want_probs: bool,
+    d: AttnDims,
+}
+
+impl Sink {
+    /// Head `h`'s columns of output row `i`.
+    #[allow(clippy::mut_from_ref)] // each head writes disjoint columns (see SAFETY)
+    fn row(&self, h: usize, i: usize) -> &mut [f32] {
+        let (c, hs) = (self.d.nh * self.d.hs, self.d.hs);
+        // SAFETY: head h writes only columns h*HS..(h+1)*HS of rows i < T of `out` (T*C floats,
+        // asserted by `attention_blocks`); no other task touches them, and a head writes a row once.
+        unsafe { std::slice::from_raw_parts_mut(self.out.0.add(i * c + h * hs), hs) }
+    }
+
+    /// Query `i`'s weights `w` (its `P + i + 1` keys) into head `h`'s slab of `probs`, zeros after.
+    fn weights(&self, h: usize, i: usize, w: &[f32]) {
+        if !self.want_probs {
+            return;
+        }
+        let (t, n_kv, m) = (self.d.t, self.d.p + self.d.t, self.d.p + i + 1);
+        // SAFETY: head h writes only its own [T, P+T] slab of `probs` (NH*T*(P+T) floats,
+        // asserted by `attention_blocks`).
+        let prow = unsafe { std::slice::from_raw_parts_mut(self.probs.0.add((h * t + i) * n_kv), n_kv) };
+        prow[..m].copy_from_slice(&w[..m]);
+        prow[m..].fill(0.0);
+    }
+}
+
+/// Head `h`'s queries two at a time where there are two: their weighted sums share the value rows.
+fn head_pairs<K: KvBlocks>(isa: Isa, sink: &Sink, h: usize, rows: &mut [f32], q: &[f32], q_stride: usize, kv: &K) {
+    let AttnDims { t, p, hs, scale, .. } = sink.d;
+    let (row0, row1) = rows.split_at_mut(p + t);
+    let qrow = |i: usize| &q[i * q_stride + h * hs..i * q_stride + (h + 1) * hs];
+    let mut i = 0;
+    while i < t {
+        let n = p + i + 1; // keys of query i: positions 0..=p+i
+        let s0 = &mut row0[..n];
+        block_scores(isa, s0, qrow(i), kv, h, hs, scale);
+        softmax(isa, s0);
+        sink.weights(h, i, s0);
+        if i + 1 < t {
+            let s1 = &mut row1[..n + 1];
+            block_scores(isa, s1, qrow(i + 1), kv, h, hs, scale);
+            softmax(isa, s1);
+            sink.weights(h, i + 1, s1);
+            block_sums_pair(isa, sink.row(h, i), sink.row(h, i + 1), s0, s1, kv, h, hs);
+        } else {
+            block_sums(isa, sink.row(h, i), s0, kv, h, hs);
+        }
+        i += 2;
+    }
+}
+
+/// Head `h`'s queries in tiles of [`TILE`]: the scores of the whole tile block by block, each
+/// row's softmax, then the weighted sums block by block (the same chains as one at a time).
+fn head_tiles<K: KvBlocks>(isa: Isa, sink: &Sink, h: usize, rows: &mut [f32], q: &[f32], q_stride: usize, kv: &K) {
+    let AttnDims { t, p, hs, scale, .. } = sink.d;
+    let n_kv = p + t;
+    let mut outs = [0.0f32; TILE * TILE_HS];
+    for i in (0..t).step_by(TILE) {
+        let tile = Tile { m: TILE.min(t - i), n0: p + i + 1, stride: n_kv, q_stride, h, hs, scale };
+        block_scores_tile(isa, rows, &q[i * q_stride + h * hs..], kv, tile);
+        for r in 0..tile.m {
+            let w = &mut rows[r * n_kv..r * n_kv + tile.n0 + r];
+            softmax(isa, w);
+            sink.weights(h, i + r, w);
+        }
+        block_sums_tile(isa, &mut outs[..tile.m * hs], rows, kv, tile);
+        for r in 0..tile.m {
+            sink.row(h, i + r).copy_from_slice(&outs[r * hs..(r + 1) * hs]);
+        }
     }
 }
 
@@ -254,6 +338,26 @@ fn block_sums_pair_as<K: KvBlocks, F: RowFormat>(
         let vh = kv.v(j, h);
         weighted_sum_body::<F>(o0, pair_chunk(p0, j, b), vh, hs);
         weighted_sum_body::<F>(o1, c1, vh, hs);
+    }
+}
+
+/// The scores of a tile of queries, block by block and, within a block, query by query: each key's
+/// score is its own dot product, so the same bits as [`block_scores_body`] query by query.
+#[inline(always)]
+pub(crate) fn block_scores_tile_body(s: &mut [f32], q: &[f32], kv: &impl KvBlocks, t: Tile) {
+    for r in 0..t.m {
+        let row = &mut s[r * t.stride..r * t.stride + t.n0 + r];
+        block_scores_body(row, &q[r * t.q_stride..], kv, t.h, t.hs, t.scale);
+    }
+}
+
+/// The weighted sums of a tile of queries (`probs` rows `stride` apart, row `r` of `n0 + r`
+/// weights): [`block_sums_body`] of each.
+#[inline(always)]
+pub(crate) fn block_sums_tile_body(out: &mut [f32], probs: &[f32], kv: &impl KvBlocks, t: Tile) {
+    for r in 0..t.m {
+        let p = &probs[r * t.stride..r * t.stride + t.n0 + r];
+        block_sums_body(&mut out[r * t.hs..(r + 1) * t.hs], p, kv, t.h, t.hs);
     }
 }
 

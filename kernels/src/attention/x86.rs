@@ -1,7 +1,7 @@
 //! The x86 inner loops of attention over either ISA's lanes, each keeping its scalar body's
 //! chains and reduction order.
 
-use super::{pair_chunk, scores_body, KvBlocks};
+use super::{pair_chunk, scores_body, KvBlocks, Tile};
 use crate::kv::{Bf16s, F16s, F32s, KvType, Q8s, RowFormat};
 use crate::lanes::avx2::Y;
 use crate::lanes::avx512::Z;
@@ -196,6 +196,76 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
         // SAFETY: o0 and o1 hold 64 floats each (checked by the caller).
         a0[d].store(o0.as_mut_ptr().add(NR * d));
         a1[d].store(o1.as_mut_ptr().add(NR * d));
+    }
+}
+
+/// The keys of block `j` that query `r` of a tile sees: `lo..hi` (empty past its last key).
+#[inline(always)]
+fn tile_span(t: &Tile, b: usize, j: usize, r: usize) -> (usize, usize) {
+    (j * b, ((j + 1) * b).min(t.n0 + r))
+}
+
+/// [`super::block_scores_tile_body`] over these lanes: block by block, each block's key rows
+/// read once for the whole tile.
+#[inline(always)]
+pub(crate) unsafe fn block_scores_tile_lanes<L: Halves, K: KvBlocks>(s: &mut [f32], q: &[f32], kv: &K, t: Tile) {
+    by_format!(kv.kv_type(), block_scores_tile_as::<L, K>, (s, q, kv, t))
+}
+
+#[inline(always)]
+unsafe fn block_scores_tile_as<L: Halves, K: KvBlocks, F: RowFormat>(s: &mut [f32], q: &[f32], kv: &K, t: Tile) {
+    let b = kv.block();
+    for j in 0..(t.n0 + t.m - 1).div_ceil(b) {
+        let kh = kv.k(j, t.h);
+        for r in 0..t.m {
+            let (lo, hi) = tile_span(&t, b, j, r);
+            if lo < hi {
+                let row = &mut s[r * t.stride + lo..r * t.stride + hi];
+                scores_lanes::<L, F>(row, &q[r * t.q_stride..], kh, t.hs, t.scale);
+            }
+        }
+    }
+}
+
+/// [`super::block_sums_tile_body`] over these lanes: block by block, each query's 64
+/// accumulators loaded from `out`, run over the block's rows (in L1 after the first query) and
+/// stored back exactly, so every output keeps its one chain in position order.
+#[inline(always)]
+pub(crate) unsafe fn block_sums_tile_lanes<L: Lanes, K: KvBlocks>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile) {
+    if t.hs != 64 || out.len() < t.m * 64 {
+        return super::block_sums_tile_body(out, probs, kv, t);
+    }
+    by_format!(kv.kv_type(), block_sums_tile_as::<L, K>, (out, probs, kv, t))
+}
+
+#[inline(always)]
+unsafe fn block_sums_tile_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile) {
+    let (b, w) = (kv.block(), F::words(64));
+    out[..t.m * 64].fill(0.0);
+    for j in 0..(t.n0 + t.m - 1).div_ceil(b) {
+        let vh = kv.v(j, t.h);
+        for r in 0..t.m {
+            let (lo, hi) = tile_span(&t, b, j, r);
+            if lo >= hi {
+                continue;
+            }
+            let p = &probs[r * t.stride + lo..r * t.stride + hi];
+            assert!(vh.len() >= p.len() * w, "a block holds its rows");
+            // SAFETY: row r of `out` holds 64 floats (checked by the caller).
+            let o = out.as_mut_ptr().add(r * 64);
+            let mut acc = [L::load(o), L::load(o.add(NR)), L::load(o.add(2 * NR)), L::load(o.add(3 * NR))];
+            for (x, &pr) in p.iter().enumerate() {
+                let a = L::splat(pr);
+                // SAFETY: row x of the block's rows holds 64 values (asserted above).
+                let v = vh.as_ptr().add(x * w);
+                for (d, accd) in acc.iter_mut().enumerate() {
+                    *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
+                }
+            }
+            for (d, accd) in acc.iter().enumerate() {
+                accd.store(o.add(NR * d));
+            }
+        }
     }
 }
 
