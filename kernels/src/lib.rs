@@ -20,6 +20,7 @@
 //! - `lanes`: the register vocabulary, a panel row in each ISA's registers; `kv`: how K/V rows
 //!   are held (`KvType`) and read as values or lanes;
 //! - `dispatch`: the one `kernels!` macro, which each concern below invokes for its own kernels;
+//! - `slab`: one allocation for a pool's K/V blocks, one token per block to reach it;
 //! - `rows` (dot, sum, max, LayerNorm, softmax, GELU), `attention` (its one home), `int8`
 //!   (activation quantization and the integer block dot products of W8A8 and llama.cpp's types), `gemm` (sources, tiles, drivers; the reference).
 //!
@@ -37,6 +38,7 @@ mod math;
 mod packed;
 mod par;
 mod rows;
+mod slab;
 
 pub use attention::{
     attention, attention_blocks, attention_scores, attention_scores_blocks, AttnDims, KvBlocks, ATTENTION_TILE,
@@ -51,3 +53,4 @@ pub use packed::{
     Q8_BLOCK, W8_BLOCK,
 };
 pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};
+pub use slab::{Slab, SlabBlock};

@@ -48,7 +48,7 @@ impl Facts {
         cfg: &EngineConfig,
         (threads, draft): (usize, Option<&str>),
     ) -> Facts {
-        let (model, pool) = (&loaded.model, cfg.kv_pool(&loaded.model));
+        let (model, (shape, blocks)) = (&loaded.model, cfg.kv_pool_size(&loaded.model));
         let draft = cfg.draft.as_ref().zip(draft).map(|(d, name)| {
             let words = format!(
                 "up to {} tokens a step; measured: a verify row costs {:.2} and a drafted token {:.2} of a decode step",
@@ -71,10 +71,10 @@ impl Facts {
             draft_weights: cfg.draft.as_ref().map_or(0, |d| d.weight_bytes()),
             draft_kv: cfg.draft_kv_bytes(model),
             cache_bytes: cfg.cache_bytes,
-            pool_blocks: pool.total_blocks(),
-            block_size: pool.shape().positions,
-            block_bytes: pool.shape().bytes(),
-            kv_dtype: pool.shape().ty.name(),
+            pool_blocks: blocks,
+            block_size: shape.positions,
+            block_bytes: shape.bytes(),
+            kv_dtype: shape.ty.name(),
             draft,
         }
     }

@@ -37,13 +37,20 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// The K/V pool: `kv_bytes` (default: every slot at the full context and the prompt
-    /// cache's budget) in blocks of the model's K/V, as many positions each as [`Model::kv`] says.
-    pub fn kv_pool(&self, model: &Model) -> Pool {
+    /// The K/V pool's block shape and how many blocks it holds: `kv_bytes` (default: every slot at
+    /// the full context and the prompt cache's budget) in blocks of the model's K/V, as many
+    /// positions each as [`Model::kv`] says.
+    pub fn kv_pool_size(&self, model: &Model) -> (BlockShape, usize) {
         let (cfg, spec) = (&model.config, model.kv());
         let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position_as(cfg, spec.kv_type());
         let bytes = self.kv_bytes.unwrap_or(full + self.cache_bytes);
-        Pool::new(cfg, spec, bytes / BlockShape::of(cfg, spec).bytes())
+        let shape = BlockShape::of(cfg, spec);
+        (shape, bytes / shape.bytes())
+    }
+
+    /// The K/V pool itself, its memory taken now; an error says when it cannot be had.
+    pub fn kv_pool(&self, model: &Model) -> crate::error::Result<Pool> {
+        Pool::try_new(&model.config, model.kv(), self.kv_pool_size(model).1)
     }
 
     /// The most K/V bytes a draft model's caches can hold (every slot at the full context): they

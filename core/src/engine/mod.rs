@@ -55,15 +55,16 @@ pub fn spawn(
     pool: Option<rayon::ThreadPool>,
 ) -> std::io::Result<Spawned> {
     cfg.check().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let kv = cfg.kv_pool(&model);
-    if kv.total_blocks() == 0 {
-        let block = kv.shape().bytes();
+    let (shape, blocks) = cfg.kv_pool_size(&model);
+    if blocks == 0 {
+        let block = shape.bytes();
         let msg = format!(
             "the K/V pool holds no block of {block} bytes: give --kv-mb at least {:.2}",
             block as f64 / (1u64 << 20) as f64
         );
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, msg));
     }
+    let kv = cfg.kv_pool(&model).map_err(|e| std::io::Error::new(std::io::ErrorKind::OutOfMemory, e.to_string()))?;
     let (tx, rx) = mpsc::channel();
     let (events_tx, kv_events) = if cfg.kv_events {
         let (tx, rx) = unbounded_channel();

@@ -195,7 +195,7 @@ impl KvCache {
     /// Replaces block `j` by a copy of it from the pool (its other holders keep the original).
     fn copy_block(&mut self, j: usize) -> Result<()> {
         let mut copy = self.take_block()?;
-        Arc::get_mut(&mut copy).expect("a new block").data_mut().copy_from_slice(self.blocks[j].data()); // words
+        Arc::get_mut(&mut copy).expect("a new block").copy_from(&self.blocks[j]);
         self.blocks[j] = copy;
         Ok(())
     }
@@ -232,7 +232,7 @@ impl KvCache {
     /// Head `h`'s row of layer `l`'s K or V at position `p`, as held (`W` words).
     fn row(&self, l: usize, part: usize, h: usize, p: usize) -> &[f32] {
         let (b, w) = (self.shape.positions, self.shape.row_words());
-        &self.blocks[p / b].data()[self.shape.row(l, part, h, p % b)..][..w]
+        &self.blocks[p / b].rows(l, part, h)[p % b * w..][..w]
     }
 
     /// The same row's values (`out`: `[HS]`), widened exactly from how they are held.
@@ -244,22 +244,29 @@ impl KvCache {
     /// shared).
     fn store_row(&mut self, l: usize, part: usize, h: usize, p: usize, x: &[f32]) {
         let (b, w, ty) = (self.shape.positions, self.shape.row_words(), self.shape.ty);
-        let at = self.shape.row(l, part, h, p % b);
         let block = Arc::get_mut(&mut self.blocks[p / b]).expect("a reserved block is the cache's own");
-        kv_store(ty, &mut block.data_mut()[at..][..w], x);
+        kv_store(ty, &mut block.rows_mut(l, part, h)[p % b * w..][..w], x);
     }
 
     /// Writes K and V of `t` new tokens of layer `l` at positions `len..len+t` (reserved), taking
     /// them from the fused c_attn output `qkv` `[T, 3C]` (columns C..2C are K, 2C..3C are V).
     pub(crate) fn write(&mut self, l: usize, qkv: &[f32], t: usize) {
-        let (nh, hs, p) = (self.shape.n_head, self.shape.head_dim, self.len);
-        let c = nh * hs;
-        for i in 0..t {
-            let row = &qkv[i * 3 * c..(i + 1) * 3 * c];
-            for h in 0..nh {
-                self.store_row(l, 0, h, p + i, &row[c + h * hs..c + (h + 1) * hs]);
-                self.store_row(l, 1, h, p + i, &row[2 * c + h * hs..2 * c + (h + 1) * hs]);
+        let BlockShape { n_head: nh, head_dim: hs, positions: b, ty, .. } = self.shape;
+        let (c, w) = (nh * hs, self.shape.row_words());
+        let mut i = 0;
+        while i < t {
+            // Rows i..i+n go to block j from its row r (one block at a time: one check that it is ours).
+            let (j, r) = ((self.len + i) / b, (self.len + i) % b);
+            let n = (b - r).min(t - i);
+            let block = Arc::get_mut(&mut self.blocks[j]).expect("a reserved block is the cache's own");
+            for (part, h) in (1..3).flat_map(|part| (0..nh).map(move |h| (part, h))) {
+                let rows = block.rows_mut(l, part - 1, h);
+                for k in 0..n {
+                    let src = &qkv[(i + k) * 3 * c + part * c + h * hs..][..hs];
+                    kv_store(ty, &mut rows[(r + k) * w..][..w], src);
+                }
             }
+            i += n;
         }
     }
 
@@ -347,7 +354,7 @@ impl KvCache {
                 self.len
             )));
         }
-        if blocks.iter().any(|b| b.data().len() != self.shape.words()) {
+        if blocks.iter().any(|b| b.shape() != self.shape) {
             return Err(Error::Invalid("a mapped block is not of this cache's block size".into()));
         }
         self.check_room(len)?;
@@ -393,13 +400,11 @@ impl KvBlocks for LayerBlocks<'_> {
     }
     #[inline]
     fn k(&self, j: usize, h: usize) -> &[f32] {
-        let n = self.shape.positions * self.shape.row_words();
-        &self.blocks[j].data()[self.shape.row(self.l, 0, h, 0)..][..n]
+        self.blocks[j].rows(self.l, 0, h)
     }
     #[inline]
     fn v(&self, j: usize, h: usize) -> &[f32] {
-        let n = self.shape.positions * self.shape.row_words();
-        &self.blocks[j].data()[self.shape.row(self.l, 1, h, 0)..][..n]
+        self.blocks[j].rows(self.l, 1, h)
     }
     #[inline]
     fn kv_type(&self) -> KvType {

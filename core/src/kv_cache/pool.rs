@@ -1,12 +1,15 @@
 //! The K/V memory: a pool of fixed-size blocks, each holding every layer's K and V for `B`
 //! consecutive positions, in the type `--kv-dtype` asks for. Caches hold blocks by reference
 //! count (`Arc<Block>`): a block shared by several caches and the prompt cache is one block in
-//! memory, and it goes back to the pool when the last holder lets go (its buffer is kept for the next block, so a pool that has run
-//! once allocates nothing more). The pool never holds more than its `total` blocks.
+//! memory, and it goes back to the pool's free list when the last holder lets go. The pool's
+//! blocks live in one slab (kvgpt-kernels' `Slab`), laid out `[L, 2, NH][block][B, W]`: a head's
+//! rows of consecutive blocks are neighbours, as in one contiguous cache, and nothing is
+//! allocated after the pool is made.
 
 use super::KvSpec;
 use crate::config::Config;
-use kvgpt_kernels::KvType;
+use crate::error::{Error, Result};
+use kvgpt_kernels::{KvType, Slab, SlabBlock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,8 +17,8 @@ use std::sync::{Arc, Mutex};
 /// Positions per block unless a command says otherwise (`--kv-block-size`), as vLLM's default.
 pub const DEFAULT_BLOCK: usize = 16;
 
-/// What one block holds: `positions` positions of every layer's K and V, `[L, 2, NH, B, W]`
-/// 4-byte words, a row of `HS` values held as `ty` in `W = ty.row_words(HS)` words (`HS` for f32).
+/// What one block holds: `positions` positions of every layer's K and V, `[L, 2, NH]` segments of
+/// `[B, W]` 4-byte words, a row of `HS` values held as `ty` in `W = ty.row_words(HS)` words (`HS` for f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockShape {
     pub n_layer: usize,
@@ -48,9 +51,9 @@ impl BlockShape {
         self.words() * 4
     }
 
-    /// Where head `h`'s row `r` of layer `l`'s K (`part` 0) or V (1) starts in a block.
-    pub(super) fn row(&self, l: usize, part: usize, h: usize, r: usize) -> usize {
-        (((l * 2 + part) * self.n_head + h) * self.positions + r) * self.row_words()
+    /// Which segment of a block holds head `h`'s rows of layer `l`'s K (`part` 0) or V (1).
+    pub(super) fn segment(&self, l: usize, part: usize, h: usize) -> usize {
+        (l * 2 + part) * self.n_head + h
     }
 
     /// Blocks that hold `positions` positions.
@@ -61,32 +64,54 @@ impl BlockShape {
 
 /// One block of K/V memory, back to its pool when dropped.
 pub struct Block {
-    data: Box<[f32]>,
-    /// Which of the pool's buffers it is (its physical number, for the views).
-    id: usize,
+    /// Its memory in the pool's slab (taken back by `drop`).
+    mem: Option<SlabBlock>,
     pool: Arc<Shared>,
 }
 
 impl Block {
-    pub fn data(&self) -> &[f32] {
-        &self.data
+    fn mem(&self) -> &SlabBlock {
+        self.mem.as_ref().expect("a live block holds its memory")
     }
 
-    /// The physical block: which of its pool's buffers holds it (numbered as they were first
-    /// made; a block given back and taken again may come back in another).
+    /// The physical block: which of its pool's blocks holds it.
     pub fn id(&self) -> usize {
-        self.id
+        self.mem().index()
     }
 
-    pub(super) fn data_mut(&mut self) -> &mut [f32] {
-        &mut self.data
+    /// Head `h`'s rows of layer `l`'s K (`part` 0) or V (1): `[B, W]` words.
+    pub fn rows(&self, l: usize, part: usize, h: usize) -> &[f32] {
+        self.mem().segment(self.pool.shape.segment(l, part, h))
+    }
+
+    pub(super) fn rows_mut(&mut self, l: usize, part: usize, h: usize) -> &mut [f32] {
+        let s = self.pool.shape.segment(l, part, h);
+        self.mem.as_mut().expect("a live block holds its memory").segment_mut(s)
+    }
+
+    /// Copies every row of `other` (a block of the same shape) into this one.
+    pub(super) fn copy_from(&mut self, other: &Block) {
+        let shape = self.pool.shape;
+        for l in 0..shape.n_layer {
+            for part in 0..2 {
+                for h in 0..shape.n_head {
+                    self.rows_mut(l, part, h).copy_from_slice(other.rows(l, part, h));
+                }
+            }
+        }
+    }
+
+    /// The shape of the pool it belongs to.
+    pub fn shape(&self) -> BlockShape {
+        self.pool.shape
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        let data = std::mem::take(&mut self.data);
-        self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push_back((self.id, data));
+        if let Some(mem) = self.mem.take() {
+            self.pool.free.lock().unwrap_or_else(|p| p.into_inner()).push_back(mem);
+        }
         self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -94,24 +119,35 @@ impl Drop for Block {
 struct Shared {
     shape: BlockShape,
     total: usize,
-    /// Buffers of blocks that were given back (with their numbers), for the next ones.
-    free: Mutex<VecDeque<(usize, Box<[f32]>)>>,
-    /// Buffers made so far.
-    made: AtomicUsize,
+    /// Blocks not in use, the longest free first.
+    free: Mutex<VecDeque<SlabBlock>>,
     /// Blocks handed out and not yet given back.
     in_use: AtomicUsize,
 }
 
-/// A pool of at most `total` blocks of one shape, shared by whoever clones it.
+/// A pool of `total` blocks of one shape in one slab, shared by whoever clones it.
 #[derive(Clone)]
 pub struct Pool(Arc<Shared>);
 
 impl Pool {
-    /// A pool of at most `total` blocks held as `spec` says, for the model `cfg`.
-    pub fn new(cfg: &Config, spec: KvSpec, total: usize) -> Pool {
+    /// A pool of `total` blocks held as `spec` says, for the model `cfg`; its memory is taken
+    /// now (the OS commits pages as they are first written). Errors when it cannot be had.
+    pub fn try_new(cfg: &Config, spec: KvSpec, total: usize) -> Result<Pool> {
         let shape = BlockShape::of(cfg, spec);
-        let (free, made, in_use) = (Mutex::new(VecDeque::new()), AtomicUsize::new(0), AtomicUsize::new(0));
-        Pool(Arc::new(Shared { shape, total, free, made, in_use }))
+        let segments = shape.n_layer * 2 * shape.n_head;
+        let blocks = Slab::blocks(total, segments, shape.positions * shape.row_words()).ok_or_else(|| {
+            let mib = total as f64 * shape.bytes() as f64 / (1u64 << 20) as f64;
+            Error::Invalid(format!(
+                "a K/V pool of {total} blocks ({mib:.1} MiB) could not be allocated: give a smaller --kv-mb"
+            ))
+        })?;
+        let (free, in_use) = (Mutex::new(blocks.into()), AtomicUsize::new(0));
+        Ok(Pool(Arc::new(Shared { shape, total, free, in_use })))
+    }
+
+    /// [`Pool::try_new`] of a cache's own pool (at most the model's context, a few MB).
+    pub fn new(cfg: &Config, spec: KvSpec, total: usize) -> Pool {
+        Pool::try_new(cfg, spec, total).expect("memory for a cache of at most the model's context")
     }
 
     pub fn shape(&self) -> BlockShape {
@@ -136,19 +172,8 @@ impl Pool {
     /// A block (its contents are whatever it last held), or None when all are in use.
     pub(super) fn alloc(&self) -> Option<Arc<Block>> {
         let s = &self.0;
-        let mut taken = s.in_use.load(Ordering::Relaxed);
-        loop {
-            if taken >= s.total {
-                return None;
-            }
-            match s.in_use.compare_exchange_weak(taken, taken + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(now) => taken = now,
-            }
-        }
-        let reused = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop_front(); // the longest free first
-        let (id, data) = reused
-            .unwrap_or_else(|| (s.made.fetch_add(1, Ordering::Relaxed), vec![0.0; s.shape.words()].into_boxed_slice()));
-        Some(Arc::new(Block { data, id, pool: s.clone() }))
+        let mem = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop_front()?;
+        s.in_use.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::new(Block { mem: Some(mem), pool: s.clone() }))
     }
 }

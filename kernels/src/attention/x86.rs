@@ -244,26 +244,49 @@ unsafe fn block_sums_tile_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32
     out[..t.m * 64].fill(0.0);
     for j in 0..(t.n0 + t.m - 1).div_ceil(b) {
         let vh = kv.v(j, t.h);
-        for r in 0..t.m {
-            let (lo, hi) = tile_span(&t, b, j, r);
-            if lo >= hi {
+        // Queries two at a time, as `block_sums_pair_as`: each value row loaded once for both.
+        for r in (0..t.m).step_by(2) {
+            let (lo, hi0) = tile_span(&t, b, j, r);
+            let hi1 = if r + 1 < t.m { tile_span(&t, b, j, r + 1).1 } else { lo };
+            if lo >= hi0.max(hi1) {
                 continue;
             }
-            let p = &probs[r * t.stride + lo..r * t.stride + hi];
-            assert!(vh.len() >= p.len() * w, "a block holds its rows");
-            // SAFETY: row r of `out` holds 64 floats (checked by the caller).
-            let o = out.as_mut_ptr().add(r * 64);
-            let mut acc = [L::load(o), L::load(o.add(NR)), L::load(o.add(2 * NR)), L::load(o.add(3 * NR))];
-            for (x, &pr) in p.iter().enumerate() {
-                let a = L::splat(pr);
+            assert!(vh.len() >= (hi0.max(hi1) - lo) * w, "a block holds its rows");
+            let p0 = &probs[r * t.stride..][lo..hi0.max(lo)];
+            let p1 = if r + 1 < t.m { &probs[(r + 1) * t.stride..][lo..hi1.max(lo)] } else { &[][..] };
+            // SAFETY: rows r and r + 1 < m of `out` hold 64 floats each (checked by the caller).
+            let (o0, o1) = (out.as_mut_ptr().add(r * 64), out.as_mut_ptr().add((r + 1).min(t.m - 1) * 64));
+            let load = |o: *mut f32| [L::load(o), L::load(o.add(NR)), L::load(o.add(2 * NR)), L::load(o.add(3 * NR))];
+            let (mut a0, mut a1) = (load(o0), load(o1));
+            let both = p0.len().min(p1.len());
+            for x in 0..both {
+                let (x0, x1) = (L::splat(p0[x]), L::splat(p1[x]));
                 // SAFETY: row x of the block's rows holds 64 values (asserted above).
                 let v = vh.as_ptr().add(x * w);
-                for (d, accd) in acc.iter_mut().enumerate() {
-                    *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
+                for d in 0..4 {
+                    let vd = F::lanes::<L>(v, NR * d);
+                    a0[d] = L::fma(x0, vd, a0[d]);
+                    a1[d] = L::fma(x1, vd, a1[d]);
                 }
             }
-            for (d, accd) in acc.iter().enumerate() {
-                accd.store(o.add(NR * d));
+            // The rows only one of them sees: the last query's own key, or a lone last query's.
+            for (acc, ps) in [(&mut a0, p0), (&mut a1, p1)] {
+                for (x, &pr) in ps.iter().enumerate().skip(both) {
+                    let a = L::splat(pr);
+                    // SAFETY: as above.
+                    let v = vh.as_ptr().add(x * w);
+                    for (d, accd) in acc.iter_mut().enumerate() {
+                        *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
+                    }
+                }
+            }
+            for (d, a) in a0.iter().enumerate() {
+                a.store(o0.add(NR * d));
+            }
+            if r + 1 < t.m {
+                for (d, a) in a1.iter().enumerate() {
+                    a.store(o1.add(NR * d));
+                }
             }
         }
     }
