@@ -35,11 +35,23 @@ impl Drop for Slab {
     }
 }
 
-/// The only handle on one block of a [`Slab`].
+/// The only handle on one block of a [`Slab`] (with where its segments are, so that reaching
+/// one reads nothing but the handle).
 pub struct SlabBlock {
     slab: Arc<Slab>,
     index: usize,
+    /// Segment 0 of this block, and the floats from one segment to the next.
+    first: *mut f32,
+    stride: usize,
+    segments: usize,
+    len: usize,
 }
+
+// SAFETY: `first` points into the slab the handle keeps alive; the handle is the only way to its
+// block's floats (see `Slab`), so moving or sharing it between threads is as safe as the slab.
+unsafe impl Send for SlabBlock {}
+// SAFETY: as above.
+unsafe impl Sync for SlabBlock {}
 
 impl Slab {
     /// `blocks` blocks of `segments` segments of `len` floats each, all zero; one token per block,
@@ -58,7 +70,14 @@ impl Slab {
             p
         };
         let slab = Arc::new(Slab { ptr, layout, blocks, segments, len });
-        Some((0..blocks).map(|index| SlabBlock { slab: slab.clone(), index }).collect())
+        let stride = blocks * len;
+        // SAFETY: index * len < blocks * len floats lie inside the allocation (or it is empty).
+        let first = |index: usize| unsafe { ptr.add(index * len) };
+        Some(
+            (0..blocks)
+                .map(|index| SlabBlock { slab: slab.clone(), index, first: first(index), stride, segments, len })
+                .collect(),
+        )
     }
 }
 
@@ -70,30 +89,33 @@ impl SlabBlock {
 
     /// Floats per segment.
     pub fn segment_len(&self) -> usize {
-        self.slab.len
+        self.len
     }
 
-    /// Where segment `s` of this block starts in the slab.
+    /// Where segment `s` of this block starts, from its first.
+    #[inline]
     fn at(&self, s: usize) -> usize {
-        let slab = &self.slab;
-        assert!(s < slab.segments, "segment {s} of a block of {}", slab.segments);
-        (s * slab.blocks + self.index) * slab.len
+        assert!(s < self.segments, "segment {s} of a block of {}", self.segments);
+        debug_assert!(self.slab.blocks * self.slab.segments * self.slab.len >= s * self.stride + self.len);
+        s * self.stride
     }
 
     /// Segment `s` of this block.
+    #[inline]
     pub fn segment(&self, s: usize) -> &[f32] {
         let at = self.at(s);
-        // SAFETY: `at..at + len` lies inside the allocation (s < segments, index < blocks); only
+        // SAFETY: segment s < segments of block index < blocks lies inside the allocation; only
         // this token reaches these floats, and it is borrowed shared, so nothing writes them now.
-        unsafe { std::slice::from_raw_parts(self.slab.ptr.add(at), self.slab.len) }
+        unsafe { std::slice::from_raw_parts(self.first.add(at), self.len) }
     }
 
     /// Segment `s` of this block, to write.
+    #[inline]
     pub fn segment_mut(&mut self, s: usize) -> &mut [f32] {
         let at = self.at(s);
         // SAFETY: as in `segment`, and the token is borrowed exclusively, so nothing else reads
         // or writes these floats while the slice lives.
-        unsafe { std::slice::from_raw_parts_mut(self.slab.ptr.add(at), self.slab.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.first.add(at), self.len) }
     }
 }
 

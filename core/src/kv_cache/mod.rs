@@ -400,11 +400,11 @@ impl KvBlocks for LayerBlocks<'_> {
     }
     #[inline]
     fn k(&self, j: usize, h: usize) -> &[f32] {
-        self.blocks[j].rows(self.l, 0, h)
+        self.blocks[j].segment(self.shape.segment(self.l, 0, h))
     }
     #[inline]
     fn v(&self, j: usize, h: usize) -> &[f32] {
-        self.blocks[j].rows(self.l, 1, h)
+        self.blocks[j].segment(self.shape.segment(self.l, 1, h))
     }
     #[inline]
     fn kv_type(&self) -> KvType {

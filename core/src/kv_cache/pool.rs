@@ -70,6 +70,7 @@ pub struct Block {
 }
 
 impl Block {
+    #[inline]
     fn mem(&self) -> &SlabBlock {
         self.mem.as_ref().expect("a live block holds its memory")
     }
@@ -81,7 +82,13 @@ impl Block {
 
     /// Head `h`'s rows of layer `l`'s K (`part` 0) or V (1): `[B, W]` words.
     pub fn rows(&self, l: usize, part: usize, h: usize) -> &[f32] {
-        self.mem().segment(self.pool.shape.segment(l, part, h))
+        self.segment(self.pool.shape.segment(l, part, h))
+    }
+
+    /// Segment `s` of the block (see [`BlockShape::segment`]).
+    #[inline]
+    pub(super) fn segment(&self, s: usize) -> &[f32] {
+        self.mem().segment(s)
     }
 
     pub(super) fn rows_mut(&mut self, l: usize, part: usize, h: usize) -> &mut [f32] {
