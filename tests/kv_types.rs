@@ -67,3 +67,31 @@ fn score_reports_what_each_kv_type_costs_against_f32() {
     let (text_out, _) = ok(&kvgpt_within(&["score", "--model", &m, "--kv-dtype", "q8_0", "Hello there you"], &[], ""));
     assert!(text_out.contains("K/V as q8_0 against f32 K/V: KL mean"), "{text_out}");
 }
+
+/// The server on K/V held as q8_0 in blocks of 4: it says so (`/server_info`, the block gauge),
+/// and its answers are `generate --kv-dtype q8_0`'s, greedy, alone or as the `n` choices of one
+/// prompt sharing its blocks.
+#[test]
+fn serve_holds_k_v_as_asked_and_answers_as_generate_does() {
+    let m = model();
+    let args = ["--kv-dtype", "q8_0", "--kv-block-size", "4"];
+    let (out, _) = ok(&kvgpt_within(
+        &["generate", "The cat sat on", "--model", &m, "-n", "12", "--ignore-eos", "--json", args[0], args[1]],
+        &[],
+        "",
+    ));
+    let want: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = common::server::Server::start(&args);
+    let (_, info) = s.get("/server_info");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!((info["kv_cache_dtype"].as_str(), info["kv_block_size"].as_u64()), (Some("q8_0"), Some(4)), "{info}");
+    let (_, metrics) = s.get("/metrics");
+    assert!(metrics.contains("vllm:cache_config_info{block_size=\"4\""), "{metrics}");
+    let body =
+        serde_json::json!({"prompt": "The cat sat on", "max_tokens": 12, "temperature": 0, "ignore_eos": true, "n": 3});
+    let (code, got) = s.post("/v1/completions", &body);
+    assert_eq!(code, 200, "{got}");
+    for c in got["choices"].as_array().unwrap() {
+        assert_eq!(c["text"], want["text"], "{got}");
+    }
+}
