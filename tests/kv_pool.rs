@@ -127,6 +127,8 @@ fn serve_refuses_a_pool_that_holds_no_block_and_a_size_that_is_not_one() {
         ("-3", "'-3' is not a size in megabytes"),
         ("0", "'0' is not a size in megabytes"),
         ("abc", "'abc' is not a size in megabytes"),
+        // 858 TiB: more than a process's address space, refused before anything is served.
+        ("900000000", "could not be allocated: give a smaller --kv-mb"),
     ] {
         let out = kvgpt_within(&["serve", "--model", model, "--port", "0", "--kv-mb", mb], &[], "");
         let err = String::from_utf8_lossy(&out.stderr);

@@ -77,7 +77,7 @@ impl Engine {
             kv_bytes: None,
         };
         let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
-            .map_err(|e| PyRuntimeError::new_err(format!("could not start the engine thread: {e}")))?;
+            .map_err(|e| PyRuntimeError::new_err(format!("the engine could not start: {e}")))?;
         let served = Served {
             tok: self.tokenizer.clone(),
             name: self.served_name.clone(),

@@ -110,7 +110,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
     let model = Arc::new(loaded.model);
     let monitor = Box::new(app.metrics.monitor());
     let spawned =
-        engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("could not start the engine thread")?;
+        engine::spawn(model.clone(), engine_cfg, monitor, Some(pool)).context("the engine could not start")?;
     if let (Some(p), Some(events)) = (publisher, spawned.kv_events) {
         p.start(events);
     }
