@@ -4,7 +4,8 @@
 
     python3 scripts/bench/kv_memory.py --kvgpt BEFORE/kvgpt --kvgpt target/release/kvgpt \\
         --model /tmp/distilgpt2-random [-t 2] [--requests 16] [--n 4] [--system 500] [--question 8] \\
-        [--output 64] [--arg=--kv-dtype --arg=q8_0] [--stop STR]
+        [--output 64] [--arg=--kv-dtype --arg=q8_0] [--stop STR] [--parallel P] [--copies]
+        [--llama-server PATH --gguf FILE [--llama-arg=-ctk --llama-arg=q8_0 ...]]
 
 Every server runs with `--parallel` = requests × n (every choice at once) and `--max-queue` as
 large; the requests (one shared system prompt of --system token ids and a question of its own,
@@ -16,9 +17,17 @@ string too), and /metrics is polled every 5 ms for the K/V bytes held:
   a server with one               kvgpt_kv_blocks_used × (kvgpt_kv_cache_limit_bytes /
                                   num_gpu_blocks): every block, however many hold it
 
-The peak of each, the refusals, preemptions and wall time are printed per server. Then every
-request is sent again alone, to a fresh server of the same build and flags, and each answer must
-equal the text it got among the others (exit 1 otherwise). Standard library only.
+  llama-server                    its K/V cache as its log states it at start (it is allocated
+                                  whole then: `-c` positions)
+
+The peak of each, the refusals, preemptions, wall time and output tokens per second are printed
+per server. Then every kvgpt request is sent again alone, to a fresh server of the same build and
+flags, and each answer must equal the text it got among the others (exit 1 otherwise).
+
+--parallel P runs P sequences at once (default: every one); --copies sends the n choices as n
+requests of one choice each (llama-server answers one choice per request). With --llama-server,
+llama-server runs the same requests beside the kvgpt builds: `-np P --kv-unified -c P × (prompt
++ output)`, plus --llama-arg flags (e.g. `-ctk q8_0 -ctv q8_0`). Standard library only.
 """
 
 import argparse
@@ -31,7 +40,7 @@ import time
 import urllib.error
 import urllib.request
 
-from serve_servers import HOST, Server, cpu_model, git_rev, http_get, log
+from serve_servers import HOST, Server, cpu_model, free_port, git_rev, http_get, log
 
 
 def metrics(port):
@@ -64,20 +73,39 @@ def complete(port, body):
 
 def start(a, binary, parallel):
     cmd = [binary, "serve", "--model", a.model, "--host", HOST, "--port", "0", "-t", str(a.threads),
-           "--parallel", str(parallel), "--max-queue", str(max(parallel, 64)), *a.arg]
+           "--parallel", str(parallel), "--max-queue", str(max(parallel, 256)), *a.arg]
     s = Server("kvgpt", cmd, 0, tempfile.mkdtemp(prefix="kv_memory_"))
     s.start(timeout=120)
     return s
 
 
+def start_llama(a, parallel):
+    port = free_port()
+    ctx = parallel * (a.system + a.question + a.output + 8)
+    cmd = [a.llama_server, "-m", a.gguf, "--host", HOST, "--port", str(port), "-t", str(a.threads), "-tb",
+           str(a.threads), "-np", str(parallel), "--kv-unified", "-c", str(ctx), "--cont-batching", "--no-webui",
+           *a.llama_arg]
+    s = Server("llama", cmd, port, tempfile.mkdtemp(prefix="kv_memory_llama_"))
+    s.start(timeout=120)
+    return s
+
+
+def llama_kv_mib(s):
+    """The K/V cache llama-server allocated, from its log (`... size = X MiB, ... K (f16): ..., V ...`)."""
+    text = s.log_path.read_text(errors="replace")
+    sizes = [float(m) for m in re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text)]
+    return sum(sizes) if sizes else float("nan")
+
+
 def run_all(a, binary, bodies):
     """All requests at once on one server: each answer's texts, the peak K/V bytes, and counters."""
-    s = start(a, binary, len(bodies) * a.n)
+    s = start_llama(a, a.parallel) if binary == "llama" else start(a, binary, a.parallel)
     peak, done = [0.0], threading.Event()
 
     def poll():
         while not done.is_set():
-            peak[0] = max(peak[0], kv_bytes(metrics(s.port)))
+            if binary != "llama":
+                peak[0] = max(peak[0], kv_bytes(metrics(s.port)))
             time.sleep(0.005)
 
     results = [None] * len(bodies)
@@ -96,7 +124,9 @@ def run_all(a, binary, bodies):
     wall = time.monotonic() - t0
     done.set()
     poller.join()
-    m = metrics(s.port)
+    m = metrics(s.port) if binary != "llama" else {}
+    if binary == "llama":
+        peak[0] = llama_kv_mib(s) * 2**20
     s.stop()
     return results, peak[0], wall, m
 
@@ -114,7 +144,13 @@ def main():
     p.add_argument("--stop", default=None)
     p.add_argument("--arg", action="append", default=[], help="one more flag for every server")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--parallel", type=int, default=0, help="sequences at once (default: all)")
+    p.add_argument("--copies", action="store_true", help="n requests of one choice instead of n choices")
+    p.add_argument("--llama-server", default=None)
+    p.add_argument("--gguf", default=None)
+    p.add_argument("--llama-arg", action="append", default=[])
     a = p.parse_args()
+    a.parallel = a.parallel or a.requests * a.n
     rng = random.Random(a.seed)
     system = [rng.randrange(300, 40000) for _ in range(a.system)]
     bodies = []
@@ -123,18 +159,22 @@ def main():
                 "max_tokens": a.output, "temperature": 0, "ignore_eos": True}
         if a.stop:
             body["stop"] = [a.stop]
-        bodies.append(body)
+        bodies += [dict(body, n=1) for _ in range(a.n)] if a.copies else [body]
     log(f"cpu: {cpu_model()}")
     failed = False
-    for binary in a.kvgpt:
+    for binary in a.kvgpt + (["llama"] if a.llama_server else []):
         results, peak, wall, m = run_all(a, binary, bodies)
         refused = [r for r in results if r[0] != 200]
         texts = [[c["text"] for c in r[1]["choices"]] if r[0] == 200 else None for r in results]
-        print(f"{binary} ({git_rev(binary) or '?'}) {' '.join(a.arg)}: {a.requests} requests × n {a.n} on a "
-              f"{a.system}-token system prompt: peak K/V {peak / 2**20:.1f} MiB, {len(refused)} refused, "
-              f"{m.get('vllm:num_preemptions_total', 0):.0f} preemptions, {wall:.1f} s")
+        out_tokens = sum(r[1].get("usage", {}).get("completion_tokens", 0) for r in results if r[0] == 200)
+        name = "llama-server " + " ".join(a.llama_arg) if binary == "llama" else f"{binary} ({git_rev(binary) or '?'}) {' '.join(a.arg)}"
+        print(f"{name}: {a.requests} requests × n {a.n}{' (as copies)' if a.copies else ''} on a {a.system}-token "
+              f"system prompt, {a.parallel} at once: peak K/V {peak / 2**20:.1f} MiB, {len(refused)} refused, "
+              f"{m.get('vllm:num_preemptions_total', 0):.0f} preemptions, {wall:.1f} s, {out_tokens / wall:.0f} tok/s")
         for code, body in refused[:3]:
             print(f"  refused {code}: {body.get('error', {}).get('message', body)}")
+        if binary == "llama":
+            continue
         s = start(a, binary, a.n)
         for i, body in enumerate(bodies):
             if texts[i] is None:
