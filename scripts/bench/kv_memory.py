@@ -83,7 +83,7 @@ def start_llama(a, parallel):
     port = free_port()
     ctx = parallel * (a.system + a.question + a.output + 8)
     cmd = [a.llama_server, "-m", a.gguf, "--host", HOST, "--port", str(port), "-t", str(a.threads), "-tb",
-           str(a.threads), "-np", str(parallel), "--kv-unified", "-c", str(ctx), "--cont-batching", "--no-webui",
+           str(a.threads), "-np", str(parallel), "--kv-unified", "-c", str(ctx), "--cont-batching", "--no-webui", "-lv", "4",
            *a.llama_arg]
     s = Server("llama", cmd, port, tempfile.mkdtemp(prefix="kv_memory_llama_"))
     s.start(timeout=120)
@@ -93,7 +93,7 @@ def start_llama(a, parallel):
 def llama_kv_mib(s):
     """The K/V cache llama-server allocated, from its log (`... size = X MiB, ... K (f16): ..., V ...`)."""
     text = s.log_path.read_text(errors="replace")
-    sizes = [float(m) for m in re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text)]
+    sizes = [float(m) for m in re.findall(r"llama_kv_cache: +size = +([0-9.]+) MiB", text)]
     return sum(sizes) if sizes else float("nan")
 
 
