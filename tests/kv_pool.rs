@@ -334,3 +334,41 @@ fn two_choices_in_a_pool_for_one_both_finish_as_alone() {
         assert_eq!(read(rx), want);
     }
 }
+
+/// A draft model of the pool's shape takes its blocks from the pool (issue #34: "running
+/// sequences, their drafts, and the prompt cache"): four sequences drafting 4 tokens a step in a
+/// pool too small for all of them answer as `generate()` alone, without a draft, bit for bit;
+/// when the pool has no block for a draft the sequence decodes plainly that step, a preempted
+/// sequence's draft gives its blocks back, and after a flush every block is back.
+#[test]
+fn drafts_take_their_blocks_from_the_pool_and_answers_stay_solo_bits() {
+    use kvgpt_core::speculative::{Costs, DraftConfig, DraftSource};
+    let loaded = load_fixture();
+    let model = Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap());
+    let draft = DraftConfig {
+        source: DraftSource::Model(model.clone()),
+        max_k: 4,
+        min_k: 4,
+        costs: Costs { row: 0.0, draft: 0.0 },
+    };
+    let sampled = Sampling { temperature: 0.8, top_k: Some(20), seed: 3, ..Sampling::GREEDY };
+    let prompt = |i: u32| -> Vec<u32> { (0..12).map(|t| 200 + t).chain([700 + i, 900 + i]).collect() };
+    let cases: Vec<(Vec<u32>, Sampling)> = (0..4)
+        .map(|i| (prompt(i), if i % 2 == 0 { Sampling::GREEDY } else { Sampling { seed: i as u64, ..sampled } }))
+        .collect();
+    let alone: Vec<Vec<u32>> = cases.iter().map(|(p, s)| solo(&model, &(p.clone(), 60, *s))).collect();
+    let last = Arc::new(Mutex::new(Gauges::default()));
+    // Each sequence needs 5 blocks, its draft as many again: 40 against a pool of 14.
+    let cfg = EngineConfig { parallel: 4, draft: Some(draft), ..config(14) };
+    let s = engine::spawn(model.clone(), cfg, Box::new(Last(last.clone())), None).unwrap();
+    let speculative = |p: &Vec<u32>, smp| Request { speculative: true, ..request(p, 60, smp) };
+    let rxs: Vec<Events> = cases.iter().map(|(p, smp)| s.handle.submit(speculative(p, *smp)).unwrap()).collect();
+    for (i, (rx, want)) in rxs.into_iter().zip(&alone).enumerate() {
+        assert_eq!(&read(rx), want, "sequence {i}: drafted in the pool = alone without a draft");
+    }
+    assert!(last.lock().unwrap().preemptions > 0, "a pool of 14 for 40 blocks preempted");
+    block_on(s.handle.flush_cache()).unwrap();
+    assert_eq!(s.handle.kv_pool().used_blocks(), 0, "drafts' blocks came back too");
+    s.handle.drain();
+    s.thread.join().unwrap();
+}

@@ -89,7 +89,7 @@ fn greedy_with_every_draft_and_k_is_hf_and_the_model_alone_bit_for_bit() {
             let alone = decode(&model, &p.ids, n, Sampling::GREEDY, None);
             assert_eq!(alone.0, p.greedy_ids, "{}: HF's greedy ids", p.key);
             for k in 1..=8 {
-                let spec = Speculation::new(source.make(p.ids.len() + n), k, FREE).fixed();
+                let spec = Speculation::new(source.make(p.ids.len() + n, None), k, FREE).fixed();
                 let run = decode(&model, &p.ids, n, Sampling::GREEDY, Some(spec));
                 assert_same(&format!("{name} {} k={k}", p.key), &alone, &run);
                 let s = run.2;
@@ -124,7 +124,7 @@ fn long_answers_greedy_and_sampled_are_the_model_alone_bit_for_bit() {
         let alone = decode(&model, &prompt, 200, sampling, None);
         for (name, source) in drafts(dir.path(), &model, other.path()) {
             for (k, adaptive) in [(3, false), (8, false), (8, true)] {
-                let spec = Speculation::new(source.make(prompt.len() + 200), k, Costs { row: 0.1, draft: 0.1 });
+                let spec = Speculation::new(source.make(prompt.len() + 200, None), k, Costs { row: 0.1, draft: 0.1 });
                 let spec = if adaptive { spec } else { spec.fixed() };
                 let run = decode(&model, &prompt, 200, sampling, Some(spec));
                 assert_same(&format!("{name} k={k} adaptive={adaptive} {sampling:?}"), &alone, &run);
@@ -177,7 +177,7 @@ fn after_a_rejection_the_caches_hold_exactly_the_accepted_positions() {
     // A draft model's own cache: after the target accepts something else, the next proposal
     // keeps only the common prefix and recomputes the rest.
     let draft_model = Arc::new(kvgpt_core::load_as(&loaded.files, kvgpt_core::WeightType::W8A8).unwrap().model);
-    let mut draft = ModelDraft::new(draft_model.clone(), 128);
+    let mut draft = ModelDraft::new(draft_model.clone(), 128, None);
     let mut out = vec![];
     draft.propose(&prompt, 5, &mut out).unwrap();
     assert_eq!(draft.cache().len(), prompt.len() + 4, "the last draft is not fed");
@@ -235,7 +235,7 @@ fn sampled_with_drafts_the_first_tokens_follow_the_models_distribution() {
     let mut stats = DraftStats::default();
     for seed in 0..runs {
         let sampling = Sampling { temperature: t as f32, top_k: Some(k), seed, ..Sampling::GREEDY };
-        let spec = Speculation::new(DraftSource::Model(model.clone()).make(prompt.len() + 3), 2, FREE).fixed();
+        let spec = Speculation::new(DraftSource::Model(model.clone()).make(prompt.len() + 3, None), 2, FREE).fixed();
         let run = decode(&model, &prompt, 3, sampling, Some(spec));
         if seed < 50 {
             assert_eq!(run.0, decode(&model, &prompt, 3, sampling, None).0, "seed {seed}: the same tokens");
@@ -371,7 +371,7 @@ fn on_every_isa_drafted_answers_are_the_scalar_models_alone() {
                     assert_eq!(alone.0, p.greedy_ids, "{}: HF's greedy ids", p.key);
                 }
                 for (name, source) in &drafts {
-                    let spec = Speculation::new(source.make(p.ids.len() + n), 4, FREE).fixed();
+                    let spec = Speculation::new(source.make(p.ids.len() + n, None), 4, FREE).fixed();
                     let run = decode(&model, &p.ids, n, sampling, Some(spec));
                     assert_same(&format!("{} {name} {} {sampling:?}", isa.name(), p.key), &alone, &run);
                 }

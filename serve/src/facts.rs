@@ -97,7 +97,10 @@ impl Facts {
         let (draft, draft_memory) = match &self.draft {
             Some((name, words)) => (
                 format!(" | draft {name} ({words})"),
-                format!(" + draft weights {:.1} MB + draft K/V ≤ {:.1} MB", mb(self.draft_weights), mb(self.draft_kv)),
+                match self.draft_kv {
+                    0 => format!(" + draft weights {:.1} MB (its K/V in the pool)", mb(self.draft_weights)),
+                    kv => format!(" + draft weights {:.1} MB + draft K/V ≤ {:.1} MB", mb(self.draft_weights), mb(kv)),
+                },
             ),
             None => (String::new(), String::new()),
         };

@@ -53,11 +53,11 @@ impl EngineConfig {
         Pool::try_new(&model.config, model.kv(), self.kv_pool_size(model).1)
     }
 
-    /// The most K/V bytes a draft model's caches can hold (every slot at the full context): they
-    /// are not in the pool.
+    /// The most K/V bytes a draft model's caches can hold outside the pool (every slot at the
+    /// full context); 0 when its blocks are the pool's shape (its caches take the pool's blocks).
     pub fn draft_kv_bytes(&self, model: &Model) -> usize {
-        let positions = model.config.n_positions;
-        self.parallel * self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions))
+        let (positions, shape) = (model.config.n_positions, self.kv_pool_size(model).0);
+        self.parallel * self.draft.as_ref().map_or(0, |d| d.kv_bytes(positions, shape))
     }
 
     /// The most rows one forward step can feed: the token budget, or every slot decoding with a

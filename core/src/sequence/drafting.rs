@@ -12,9 +12,17 @@ impl Sequence {
         self.spec = Some(spec);
     }
 
-    /// Decodes speculatively from now on with a draft made by `cfg`, sized for this sequence.
+    /// Decodes speculatively from now on with a draft made by `cfg`, sized for this sequence
+    /// (a draft model's K/V in a cache of its own).
     pub fn speculate_with(&mut self, cfg: &DraftConfig) {
-        self.speculate(cfg.speculation(self.cache.capacity() + 1));
+        self.speculate(cfg.speculation(self.cache.capacity() + 1, None));
+    }
+
+    /// [`Sequence::speculate_with`] whose draft model takes its blocks from this sequence's
+    /// pool, when they are its shape (a server's one pool: drafts count in its memory).
+    pub fn speculate_in_pool(&mut self, cfg: &DraftConfig) {
+        let pool = self.cache.pool().clone();
+        self.speculate(cfg.speculation(self.cache.capacity() + 1, Some(&pool)));
     }
 
     /// Decodes without a draft from now on.

@@ -244,12 +244,16 @@ impl Sequence {
         self.cache
     }
 
-    /// Gives every K/V block back (a preempted sequence): drafts not yet verified are dropped,
-    /// the ids and the sampler kept, so feeding every id again continues where it was.
+    /// Gives every K/V block back (a preempted sequence), its draft's too: drafts not yet
+    /// verified are dropped, the ids and the sampler kept, so feeding every id again continues
+    /// where it was.
     pub fn preempt(&mut self) {
         self.ids.truncate(self.ids.len() - self.drafted);
         self.drafted = 0;
         self.cache.reset();
+        if let Some(spec) = &mut self.spec {
+            spec.release();
+        }
     }
 
     /// Forgets the cache, so that the next feed recomputes every position (the uncached mode).

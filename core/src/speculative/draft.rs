@@ -3,7 +3,7 @@
 
 use super::Draft;
 use crate::error::{Error, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{BlockShape, KvCache, Pool};
 use crate::model::{Model, Scratch};
 use crate::sampler::argmax;
 use std::sync::Arc;
@@ -44,12 +44,17 @@ pub struct ModelDraft {
 }
 
 impl ModelDraft {
-    /// A draft for a sequence of up to `capacity` positions (fewer if the draft has fewer).
-    pub fn new(model: Arc<Model>, capacity: usize) -> ModelDraft {
+    /// A draft for a sequence of up to `capacity` positions (fewer if the draft has fewer), its
+    /// blocks from `pool` when they are the pool's shape (a server's one pool), else its own.
+    pub fn new(model: Arc<Model>, capacity: usize, pool: Option<&Pool>) -> ModelDraft {
         let cfg = &model.config;
         let capacity = capacity.min(cfg.n_positions);
+        let shared = pool.filter(|p| p.shape() == BlockShape::of(cfg, model.kv()));
         ModelDraft {
-            cache: model.new_cache(capacity),
+            cache: match shared {
+                Some(p) => KvCache::in_pool(p, cfg, capacity),
+                None => model.new_cache(capacity),
+            },
             scratch: Scratch::new(cfg, DRAFT_CHUNK.min(capacity.max(1))),
             seen: Vec::with_capacity(capacity + 1),
             logits: vec![0.0; cfg.vocab_size],
@@ -79,10 +84,25 @@ impl ModelDraft {
     }
 }
 
+/// A draft whose blocks come from a shared pool may find it full: it then drafts nothing (or what
+/// it had proposed so far), and the sequence decodes plainly this step. Its cache and `seen` are
+/// as they were (a forward that cannot reserve computes nothing).
+fn unless_pool_full(r: Result<()>) -> Result<()> {
+    match r {
+        Err(Error::KvPoolFull { .. }) => Ok(()),
+        r => r,
+    }
+}
+
 impl Draft for ModelDraft {
     fn prefill(&mut self, ids: &[u32]) -> Result<()> {
         let ids = &ids[..ids.len().min(self.cache.capacity())];
-        self.catch_up(ids, ids.len(), false)
+        unless_pool_full(self.catch_up(ids, ids.len(), false))
+    }
+
+    fn release(&mut self) {
+        self.seen.clear();
+        self.cache.reset();
     }
 
     fn propose(&mut self, ids: &[u32], k: usize, out: &mut Vec<u32>) -> Result<()> {
@@ -93,7 +113,9 @@ impl Draft for ModelDraft {
             return Ok(());
         }
         // Always feed at least the last id, for its logits.
-        self.catch_up(ids, ids.len() - 1, true)?;
+        if let Err(e) = self.catch_up(ids, ids.len() - 1, true) {
+            return unless_pool_full(Err(e));
+        }
         let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
         loop {
             let t = argmax(&self.logits);
@@ -101,7 +123,10 @@ impl Draft for ModelDraft {
             if out.len() == k {
                 return Ok(());
             }
-            model.run(&[t], cache, scratch, &mut self.logits)?;
+            unless_pool_full(model.run(&[t], cache, scratch, &mut self.logits))?;
+            if self.seen.len() == cache.len() {
+                return Ok(()); // the pool had no block for it: the drafts so far
+            }
             self.seen.push(t);
         }
     }
@@ -116,11 +141,12 @@ pub enum DraftSource {
 }
 
 impl DraftSource {
-    /// A draft for one sequence of up to `capacity` positions.
-    pub fn make(&self, capacity: usize) -> Box<dyn Draft> {
+    /// A draft for one sequence of up to `capacity` positions (its blocks from `pool` when they
+    /// are its shape).
+    pub fn make(&self, capacity: usize, pool: Option<&Pool>) -> Box<dyn Draft> {
         match self {
             DraftSource::Lookup { max_ngram } => Box::new(Lookup { max_ngram: *max_ngram }),
-            DraftSource::Model(m) => Box::new(ModelDraft::new(m.clone(), capacity)),
+            DraftSource::Model(m) => Box::new(ModelDraft::new(m.clone(), capacity, pool)),
         }
     }
 

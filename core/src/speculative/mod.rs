@@ -27,7 +27,7 @@ pub use draft::{DraftSource, Lookup, ModelDraft};
 pub use spec::{DraftKind, DraftSpec, Drafting};
 
 use crate::error::Result;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{BlockShape, KvCache, Pool};
 
 /// Proposes up to `k` tokens to follow `ids` (the accepted sequence so far) into `out`.
 pub trait Draft: Send {
@@ -39,6 +39,10 @@ pub trait Draft: Send {
     fn prefill(&mut self, _ids: &[u32]) -> Result<()> {
         Ok(())
     }
+
+    /// Gives back the memory its state holds (a preempted sequence's draft); the next proposal
+    /// starts again from the sequence's ids.
+    fn release(&mut self) {}
 }
 
 /// What drafting did.
@@ -155,6 +159,11 @@ impl Speculation {
         self.draft.prefill(ids)
     }
 
+    /// The draft gives back its memory (see [`Draft::release`]).
+    pub fn release(&mut self) {
+        self.draft.release();
+    }
+
     pub fn propose(&mut self, ids: &[u32], k: usize) -> Result<()> {
         self.proposed.clear();
         if k > 0 {
@@ -213,17 +222,21 @@ impl DraftConfig {
         }
     }
 
-    /// Bytes of one sequence's draft cache at `positions` positions.
-    pub fn kv_bytes(&self, positions: usize) -> usize {
+    /// Bytes of one sequence's draft cache at `positions` positions outside a pool of blocks
+    /// `shape` (0 when the draft's blocks are that shape: they are the pool's).
+    pub fn kv_bytes(&self, positions: usize, shape: BlockShape) -> usize {
         match &self.source {
-            DraftSource::Lookup { .. } => 0,
-            DraftSource::Model(m) => positions * KvCache::bytes_per_position_as(&m.config, m.kv().kv_type()),
+            DraftSource::Model(m) if BlockShape::of(&m.config, m.kv()) != shape => {
+                positions * KvCache::bytes_per_position_as(&m.config, m.kv().kv_type())
+            }
+            _ => 0,
         }
     }
 
-    /// One sequence's speculation, its draft sized for `capacity` positions.
-    pub fn speculation(&self, capacity: usize) -> Speculation {
-        let spec = Speculation::new(self.source.make(capacity), self.max_k, self.costs);
+    /// One sequence's speculation, its draft sized for `capacity` positions, its K/V in `pool`
+    /// when the draft model's blocks are the pool's shape (else in a cache of its own).
+    pub fn speculation(&self, capacity: usize, pool: Option<&Pool>) -> Speculation {
+        let spec = Speculation::new(self.source.make(capacity, pool), self.max_k, self.costs);
         Speculation { min_k: self.min_k.min(self.max_k), ..spec }
     }
 }

@@ -34,7 +34,7 @@ impl DraftView {
         let mut seq = Sequence::new(m, ids, n, Sampling::GREEDY)?;
         // Every round drafts the most it may (room permitting): the mechanism at work, the same
         // rounds every run (adaptive k would draft as measured costs say, here perhaps not at all).
-        seq.speculate(drafting.config.speculation(seq.cache().capacity() + 1).fixed());
+        seq.speculate(drafting.config.speculation(seq.cache().capacity() + 1, None).fixed());
         let rounds = rounds(m, &mut seq, n)?;
         let mut labels = std::collections::BTreeMap::new();
         for &id in seq.ids().iter().chain(rounds.iter().flat_map(|r| &r.drafted)) {

@@ -212,7 +212,7 @@ impl Engine {
             match Sequence::new_in(Some(&self.pool), &self.runner.model, &w.req.prompt, new) {
                 Ok(mut seq) => {
                     if let Some(d) = self.cfg.draft.as_ref().filter(|_| w.req.speculative) {
-                        seq.speculate_with(d);
+                        seq.speculate_in_pool(d);
                     }
                     self.slots.push(Slot::new(w, seq));
                 }
