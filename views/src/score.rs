@@ -154,8 +154,10 @@ fn walk(
             for (cache, logits) in &mut runs {
                 model.forward(&ids[row..row + n], cache, &mut scratch, &mut NoTap, &mut logits[..n * v])?;
             }
+            let mut rows: Vec<&[f32]> = Vec::with_capacity(runs.len());
             for j in 0..n {
-                let rows: Vec<&[f32]> = runs.iter().map(|(_, l)| &l[j * v..(j + 1) * v]).collect();
+                rows.clear();
+                rows.extend(runs.iter().map(|(_, l)| &l[j * v..(j + 1) * v]));
                 each(row + j + 1, row + j + 1 - begin, &rows);
             }
             row += n;

@@ -355,7 +355,9 @@ impl KvCache {
             )));
         }
         if blocks.iter().any(|b| b.shape() != self.shape) {
-            return Err(Error::Invalid("a mapped block is not of this cache's block size".into()));
+            return Err(Error::Invalid(
+                "a mapped block is not of this cache's shape (block size or --kv-dtype)".into(),
+            ));
         }
         self.check_room(len)?;
         self.blocks.extend(blocks.iter().cloned());

@@ -211,22 +211,31 @@ struct Sink {
 
 impl Sink {
     /// Head `h`'s columns of output row `i`.
-    #[allow(clippy::mut_from_ref)] // each head writes disjoint columns (see SAFETY)
-    fn row(&self, h: usize, i: usize) -> &mut [f32] {
+    ///
+    /// # Safety
+    /// Only head `h`'s task calls it for head `h`, and never while an earlier slice of the same
+    /// row is alive (each call site takes a row once).
+    #[allow(clippy::mut_from_ref)] // disjoint columns per head, one slice per row (the contract)
+    unsafe fn row(&self, h: usize, i: usize) -> &mut [f32] {
         let (c, hs) = (self.d.nh * self.d.hs, self.d.hs);
-        // SAFETY: head h writes only columns h*HS..(h+1)*HS of rows i < T of `out` (T*C floats,
-        // asserted by `attention_blocks`); no other task touches them, and a head writes a row once.
+        assert!(i < self.d.t && h < self.d.nh, "row {i} of head {h} is outside the output");
+        // SAFETY: columns h*HS..(h+1)*HS of row i < T lie inside `out` (T*C floats, asserted by
+        // `attention_blocks`); the caller guarantees no other live slice of them.
         unsafe { std::slice::from_raw_parts_mut(self.out.0.add(i * c + h * hs), hs) }
     }
 
     /// Query `i`'s weights `w` (its `P + i + 1` keys) into head `h`'s slab of `probs`, zeros after.
-    fn weights(&self, h: usize, i: usize, w: &[f32]) {
+    ///
+    /// # Safety
+    /// Only head `h`'s task calls it for head `h`.
+    unsafe fn weights(&self, h: usize, i: usize, w: &[f32]) {
         if !self.want_probs {
             return;
         }
         let (t, n_kv, m) = (self.d.t, self.d.p + self.d.t, self.d.p + i + 1);
-        // SAFETY: head h writes only its own [T, P+T] slab of `probs` (NH*T*(P+T) floats,
-        // asserted by `attention_blocks`).
+        assert!(i < t && h < self.d.nh, "query {i} of head {h} is outside the weights");
+        // SAFETY: head h's task alone writes its own [T, P+T] slab of `probs` (NH*T*(P+T) floats,
+        // asserted by `attention_blocks`), row i of it here.
         let prow = unsafe { std::slice::from_raw_parts_mut(self.probs.0.add((h * t + i) * n_kv), n_kv) };
         prow[..m].copy_from_slice(&w[..m]);
         prow[m..].fill(0.0);
@@ -244,15 +253,20 @@ fn head_pairs<K: KvBlocks>(isa: Isa, sink: &Sink, h: usize, rows: &mut [f32], q:
         let s0 = &mut row0[..n];
         block_scores(isa, s0, qrow(i), kv, h, hs, scale);
         softmax(isa, s0);
-        sink.weights(h, i, s0);
+        // SAFETY: head h's task.
+        unsafe { sink.weights(h, i, s0) };
         if i + 1 < t {
             let s1 = &mut row1[..n + 1];
             block_scores(isa, s1, qrow(i + 1), kv, h, hs, scale);
             softmax(isa, s1);
-            sink.weights(h, i + 1, s1);
-            block_sums_pair(isa, sink.row(h, i), sink.row(h, i + 1), s0, s1, kv, h, hs);
+            // SAFETY: head h's task.
+            unsafe { sink.weights(h, i + 1, s1) };
+            // SAFETY: head h's task, rows i and i + 1 (distinct), each taken once.
+            let (o0, o1) = unsafe { (sink.row(h, i), sink.row(h, i + 1)) };
+            block_sums_pair(isa, o0, o1, s0, s1, kv, h, hs);
         } else {
-            block_sums(isa, sink.row(h, i), s0, kv, h, hs);
+            // SAFETY: head h's task, row i, taken once.
+            block_sums(isa, unsafe { sink.row(h, i) }, s0, kv, h, hs);
         }
         i += 2;
     }
@@ -270,11 +284,13 @@ fn head_tiles<K: KvBlocks>(isa: Isa, sink: &Sink, h: usize, rows: &mut [f32], q:
         for r in 0..tile.m {
             let w = &mut rows[r * n_kv..r * n_kv + tile.n0 + r];
             softmax(isa, w);
-            sink.weights(h, i + r, w);
+            // SAFETY: head h's task.
+            unsafe { sink.weights(h, i + r, w) };
         }
         block_sums_tile(isa, &mut outs[..tile.m * hs], rows, kv, tile);
         for r in 0..tile.m {
-            sink.row(h, i + r).copy_from_slice(&outs[r * hs..(r + 1) * hs]);
+            // SAFETY: head h's task, row i + r, taken once.
+            unsafe { sink.row(h, i + r) }.copy_from_slice(&outs[r * hs..(r + 1) * hs]);
         }
     }
 }

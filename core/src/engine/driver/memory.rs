@@ -14,11 +14,13 @@ use std::sync::Arc;
 const WATERMARK: f64 = 0.01;
 
 impl Engine {
-    /// What the policy may admit against: the free blocks and those the prompt cache alone holds.
+    /// What the policy may admit against: the free blocks and those the prompt cache alone holds
+    /// (counted only when someone waits: the count walks the tree).
     pub(super) fn memory(&self) -> Memory {
         let total = self.pool.total_blocks();
+        let waiting = !(self.waiting.is_empty() && self.preempted.is_empty());
         Memory {
-            free_blocks: self.pool.free_blocks() + self.cache.evictable_blocks(),
+            free_blocks: self.pool.free_blocks() + if waiting { self.cache.evictable_blocks() } else { 0 },
             block: self.pool.shape().positions,
             watermark: (total as f64 * WATERMARK).ceil() as usize,
         }
