@@ -211,7 +211,10 @@ impl Monitor for Audit {
         if g.pool_used != pool.used_blocks() || g.pool_blocks != pool.total_blocks() {
             wrong.push(format!("gauges {g:?} against the pool's {} of {}", pool.used_blocks(), pool.total_blocks()));
         }
-        if g.blocks_shared > g.pool_used || g.pool_used > g.pool_blocks {
+        if g.pool_peak != pool.peak_blocks() {
+            wrong.push(format!("peak gauge {} against the pool's {}", g.pool_peak, pool.peak_blocks()));
+        }
+        if g.blocks_shared > g.pool_used || g.pool_used > g.pool_peak || g.pool_peak > g.pool_blocks {
             wrong.push(format!("impossible counts {g:?}"));
         }
     }
@@ -322,14 +325,21 @@ fn check_answers(model: &Model, r: &mut Sent) {
 /// finish alone, taking the prompt cache's copy of the partly filled block.
 #[test]
 fn two_choices_in_a_pool_for_one_both_finish_as_alone() {
+    let prompt: Vec<u32> = (0..20).map(|t| 42 + 7 * t).chain([1, 1]).collect();
+    let sampling: Vec<Sampling> =
+        (0..2).map(|c| Sampling { temperature: 0.9, seed: 11 + c, ..Sampling::GREEDY }).collect();
+    let cfg = EngineConfig { parallel: 4, kv_bytes: Some(4 * BLOCK_BYTES), ..config(0) };
+    choices_answer_as_alone(&prompt, 28, &sampling, cfg);
+}
+
+/// Submits one request per sampling of `prompt` at once and checks each against `generate()`
+/// alone.
+fn choices_answer_as_alone(prompt: &[u32], max_new: usize, sampling: &[Sampling], cfg: EngineConfig) {
     let loaded = load_fixture();
     let model = Model::load(&loaded.files.config, &loaded.files.weights).unwrap();
-    let prompt: Vec<u32> = (0..20).map(|t| 42 + 7 * t).chain([1, 1]).collect();
-    let sampling = |c: u64| Sampling { temperature: 0.9, seed: 11 + c, ..Sampling::GREEDY };
-    let want: Vec<Vec<u32>> = (0..2).map(|c| solo(&model, &(prompt.clone(), 28, sampling(c)))).collect();
-    let cfg = EngineConfig { parallel: 4, kv_bytes: Some(4 * BLOCK_BYTES), ..config(0) };
+    let want: Vec<Vec<u32>> = sampling.iter().map(|&s| solo(&model, &(prompt.to_vec(), max_new, s))).collect();
     let s = engine::spawn(Arc::new(model), cfg, Box::new(engine::NoMonitor), None).unwrap();
-    let rxs = s.handle.submit_all((0..2).map(|c| request(&prompt, 28, sampling(c))).collect()).unwrap();
+    let rxs = s.handle.submit_all(sampling.iter().map(|&c| request(prompt, max_new, c)).collect()).unwrap();
     for (rx, want) in rxs.into_iter().zip(want) {
         assert_eq!(read(rx), want);
     }
@@ -371,4 +381,45 @@ fn drafts_take_their_blocks_from_the_pool_and_answers_stay_solo_bits() {
     assert_eq!(s.handle.kv_pool().used_blocks(), 0, "drafts' blocks came back too");
     s.handle.drain();
     s.thread.join().unwrap();
+}
+
+/// Greedy choices of one prompt say the same thing, so they compute the same K/V: each
+/// choice's decoded blocks go to the prompt cache as they fill (every 16 positions), and a
+/// choice whose block the tree holds already maps the tree's in place of its own copy. Four
+/// greedy choices of HF's 88-token prompt in blocks of 4 answer HF's greedy ids, each, and at
+/// their peak hold one copy of the 128 positions (32 blocks) plus, per choice, at most the blocks
+/// of 16 positions not yet shared, the one it writes into and one given up that step (6 each);
+/// without a prompt cache (nothing to share with) each holds its own 32.
+#[test]
+fn greedy_choices_hold_the_blocks_they_share_once_and_answer_as_hf() {
+    let reference = Reference::load();
+    let p = reference.prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let loaded = load_fixture();
+    let model =
+        Arc::new(Model::load(&loaded.files.config, &loaded.files.weights).unwrap().with_kv(KvSpec::new(4).unwrap()));
+    let peak = |cache_bytes: usize| -> usize {
+        let cfg = EngineConfig { parallel: 4, cache_bytes, kv_bytes: Some(256 * 4 * 2 * 2 * 64 * 4), ..config(0) };
+        let s = engine::spawn(model.clone(), cfg, Box::new(engine::NoMonitor), None).unwrap();
+        let n = p.greedy_ids.len();
+        let rxs = s.handle.submit_all((0..4).map(|_| request(&p.ids, n, Sampling::GREEDY)).collect()).unwrap();
+        for rx in rxs {
+            assert_eq!(read(rx), p.greedy_ids, "cache {cache_bytes}: each choice is HF's greedy answer");
+        }
+        s.handle.kv_pool().peak_blocks()
+    };
+    let (shared, alone) = (peak(16 << 20), peak(0));
+    assert!(alone >= 4 * 31, "without a prompt cache each choice holds its own blocks: {alone}");
+    assert!(shared <= 32 + 4 * 6, "{shared} blocks at the peak with sharing (without: {alone})");
+}
+
+/// Found by the gauges test over HTTP: four sampled choices of a 2-token prompt, one at a time
+/// (`parallel` 1) in a pool that holds exactly one answer. The second choice's lookup split the
+/// prompt's node inside its block, and when the choices' decoded blocks joined the tree the
+/// split's upper half (interior, never evicted) pinned the prompt's first copy of that block:
+/// the second choice ran out of blocks at token 111. Each must answer as `generate()` alone.
+#[test]
+fn sampled_choices_one_at_a_time_in_a_pool_for_one_answer_as_alone() {
+    let sampling: Vec<Sampling> = (0..4).map(|c| Sampling { temperature: 1.0, seed: c, ..Sampling::GREEDY }).collect();
+    let cfg = EngineConfig { parallel: 1, kv_bytes: Some(8 * BLOCK_BYTES), ..config(0) };
+    choices_answer_as_alone(&[464, 3797], 120, &sampling, cfg);
 }

@@ -9,6 +9,12 @@
 //! learned positions are baked into every layer's K/V: only exact prefixes at the same positions
 //! are reused, never shifted.
 //!
+//! Sequences give the tree their decoded tokens too, as their blocks fill
+//! ([`PrefixCache::insert_shared`]), and map the tree's blocks in place of their own where it has
+//! them: sequences that compute the same tokens (greedy choices, identical requests) hold them
+//! once. A node whose last block is partly filled takes a new child's fuller copy of that block,
+//! so an interior node (never evicted) pins no copy of its own.
+//!
 //! Memory: nothing is copied. A hit maps the matched blocks into the sequence's block table
 //! (`KvCache::map_prefix`); the sequence copies only a partly matched last block, when it first
 //! writes into it (copy on write). For each logical block the deepest node of the matched path
@@ -34,10 +40,11 @@
 //! held, past a position. Splits change nothing a lookup can find, so they are not changes.
 
 use crate::kv_cache::{Block, BlockShape, KvCache};
-use std::collections::HashMap;
 use std::sync::Arc;
 
+mod evict;
 mod reuse;
+pub use evict::Evictable;
 pub use reuse::{ReuseStop, StopReason};
 
 const ROOT: usize = 0;
@@ -168,25 +175,13 @@ impl PrefixCache {
         n.blocks.len() - usize::from(shared)
     }
 
-    /// Blocks that evicting every entry nobody holds would give back to the pool now: those
-    /// whose every holder is an unheld node (a block may be two nodes' when a split falls inside
-    /// it; a node under a held one is held too, so unheld nodes can all be evicted, leaves first).
-    pub fn evictable_blocks(&self) -> usize {
-        self.unheld_holders().values().filter(|&&(b, n)| Arc::strong_count(b) == n).count()
-    }
-
-    /// Each block unheld nodes hold, with how many of them hold it.
-    fn unheld_holders(&self) -> HashMap<*const Block, (&Arc<Block>, usize)> {
-        let mut out: HashMap<*const Block, (&Arc<Block>, usize)> = HashMap::new();
-        for b in self.nodes.iter().skip(1).filter(|n| n.alive && n.refs == 0).flat_map(|n| &n.blocks) {
-            out.entry(Arc::as_ptr(b)).or_insert((b, 0)).1 += 1;
-        }
-        out
-    }
-
     /// The blocks of the path `path` (nodes from the root, whole), one per logical block of its
     /// `len` positions: each from the deepest node that holds it.
     fn path_blocks(&self, path: &[(usize, usize)], len: usize) -> Vec<Arc<Block>> {
+        self.path_block_refs(path, len).into_iter().cloned().collect()
+    }
+
+    fn path_block_refs(&self, path: &[(usize, usize)], len: usize) -> Vec<&Arc<Block>> {
         let Some(b) = self.shape.map(|s| s.positions) else { return vec![] };
         let mut out: Vec<Option<&Arc<Block>>> = vec![None; len.div_ceil(b)];
         for &(c, _) in path {
@@ -197,7 +192,7 @@ impl PrefixCache {
                 }
             }
         }
-        out.into_iter().map(|b| b.expect("a matched path holds every block of its positions").clone()).collect()
+        out.into_iter().map(|b| b.expect("a matched path holds every block of its positions")).collect()
     }
 
     /// Tokens held (the sum of every edge's length).
@@ -275,10 +270,31 @@ impl PrefixCache {
     /// evicts down to the budget. A cache in blocks of another shape than the tree's is not
     /// stored.
     pub fn insert(&mut self, ids: &[u32], cache: &KvCache) {
-        if *self.shape.get_or_insert(cache.shape()) != cache.shape() {
-            return;
+        self.insert_upto(ids, cache, ids.len());
+    }
+
+    /// [`PrefixCache::insert`] of `ids[..end]` (at most what `cache` holds), returning the
+    /// tree's blocks for that prefix's whole blocks (logical `0..end / B`, fewer if the budget
+    /// evicted part of it; none for a cache of another shape). Where the tree held those tokens
+    /// already, its blocks are another sequence's, computed from the same tokens at the same
+    /// positions: the same bits, which `cache` can map instead of its own copies
+    /// ([`KvCache::share_whole`]).
+    pub fn insert_shared(&mut self, ids: &[u32], cache: &KvCache, end: usize) -> Vec<Arc<Block>> {
+        if !self.insert_upto(ids, cache, end) {
+            return vec![];
         }
-        let end = cache.len().min(ids.len());
+        let b = cache.shape().positions;
+        let path = self.descend(ids, end.min(cache.len()) / b * b);
+        let whole = path.iter().map(|&(_, take)| take).sum::<usize>() / b * b;
+        self.path_blocks(&path, whole)
+    }
+
+    /// The insert; false when `cache`'s blocks are not of the tree's shape.
+    fn insert_upto(&mut self, ids: &[u32], cache: &KvCache, end: usize) -> bool {
+        if *self.shape.get_or_insert(cache.shape()) != cache.shape() {
+            return false;
+        }
+        let end = cache.len().min(ids.len()).min(end);
         let b = cache.shape().positions;
         self.clock += 1;
         let path = self.descend(ids, end);
@@ -305,9 +321,29 @@ impl PrefixCache {
             self.stats.inserted_tokens += (end - len) as u64;
             let id = self.alloc(leaf);
             self.nodes[node].children.push(id);
+            if !len.is_multiple_of(b) {
+                self.take_fuller(node, self.nodes[id].blocks[0].clone());
+            }
             self.note(|_| Change::Stored { ids: ids[..end].to_vec(), from: len });
         }
         self.evict_to(self.budget);
+        true
+    }
+
+    /// Node `n`'s last block is partly filled, and `block` (a new child's first) holds its
+    /// positions (the same bits: the same tokens before them) and more: `n` takes it, and so does
+    /// every ancestor that ends in the same block (a split inside it gave it to both halves), so
+    /// their copy goes back to the pool. Interior nodes are never evicted: they would pin a
+    /// partial block for as long as they have children.
+    fn take_fuller(&mut self, mut n: usize, block: Arc<Block>) {
+        let Some(old) = self.nodes[n].blocks.last().cloned() else { return };
+        while n != ROOT {
+            match self.nodes[n].blocks.last_mut() {
+                Some(last) if Arc::ptr_eq(last, &old) => *last = block.clone(),
+                _ => return,
+            }
+            n = self.nodes[n].parent;
+        }
     }
 
     /// Splits node `c` after `m` of its tokens: a new node takes the tail and `c`'s children,
@@ -348,48 +384,6 @@ impl PrefixCache {
                 self.nodes.len() - 1
             }
         }
-    }
-
-    /// Evicts least recently used leaves that no request holds until at most `bytes` are used.
-    pub fn evict_to(&mut self, bytes: usize) {
-        while self.bytes() > bytes && self.evict_one() {}
-    }
-
-    /// Evicts the least recently used leaf that no request holds (its blocks go back to the pool
-    /// unless a sequence maps them); false when everything left is held.
-    pub fn evict_one(&mut self) -> bool {
-        self.evict_lru(false)
-    }
-
-    /// Evicts the least recently used leaf that no request holds and that holds a block only
-    /// unheld nodes hold (given back now, or once the parent that shares it goes next); false
-    /// when there is none. For a pool that needs blocks: a leaf whose blocks sequences still map
-    /// would free nothing.
-    pub fn evict_for_pool(&mut self) -> bool {
-        self.evict_lru(true)
-    }
-
-    fn evict_lru(&mut self, freeing: bool) -> bool {
-        let holders = if freeing { self.unheld_holders() } else { HashMap::new() };
-        let tree_only = |b: &Arc<Block>| holders.get(&Arc::as_ptr(b)).is_some_and(|&(_, n)| Arc::strong_count(b) == n);
-        let victim = (1..self.nodes.len())
-            .filter(|&i| {
-                let n = &self.nodes[i];
-                n.alive && n.children.is_empty() && n.refs == 0 && (!freeing || n.blocks.iter().any(tree_only))
-            })
-            .min_by_key(|&i| self.nodes[i].last_used);
-        let Some(v) = victim else { return false };
-        self.note(|c| Change::Removed { ids: c.path_ids(v), from: c.nodes[v].depth });
-        let parent = self.nodes[v].parent;
-        self.nodes[parent].children.retain(|&c| c != v);
-        let n = &mut self.nodes[v];
-        self.stats.evicted_nodes += 1;
-        self.stats.evicted_tokens += n.tokens.len() as u64;
-        n.alive = false;
-        n.tokens = vec![];
-        n.blocks = vec![];
-        self.free.push(v);
-        true
     }
 }
 

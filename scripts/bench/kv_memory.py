@@ -4,18 +4,21 @@
 
     python3 scripts/bench/kv_memory.py --kvgpt BEFORE/kvgpt --kvgpt target/release/kvgpt \\
         --model /tmp/distilgpt2-random [-t 2] [--requests 16] [--n 4] [--system 500] [--question 8] \\
-        [--output 64] [--arg=--kv-dtype --arg=q8_0] [--stop STR] [--parallel P] [--copies]
+        [--output 64] [--arg=--kv-dtype --arg=q8_0] [--stop STR] [--parallel P] [--copies] [--temperature T]
         [--llama-server PATH --gguf FILE [--llama-arg=-ctk --llama-arg=q8_0 ...]]
 
 Every server runs with `--parallel` = requests × n (every choice at once) and `--max-queue` as
 large; the requests (one shared system prompt of --system token ids and a question of its own,
-ids from a seeded RNG) are sent at once, greedy, --output tokens each (with --stop, that stop
+ids from a seeded RNG) are sent at once, greedy (or sampled at --temperature, each request with a
+seed of its own), --output tokens each (with --stop, that stop
 string too), and /metrics is polled every 5 ms for the K/V bytes held:
 
   a server without a block pool   kvgpt_kv_cache_bytes + kvgpt_prompt_cache_bytes (the running
                                   sequences' reservations and the prompt cache's copies)
   a server with one               kvgpt_kv_blocks_used × (kvgpt_kv_cache_limit_bytes /
-                                  num_gpu_blocks): every block, however many hold it
+                                  num_gpu_blocks): every block, however many hold it; with
+                                  kvgpt_kv_blocks_peak (the pool's high-water mark, blocks held
+                                  for part of a step included) in place of the used blocks
 
   llama-server                    its K/V cache as its log states it at start (it is allocated
                                   whole then: `-c` positions)
@@ -57,7 +60,9 @@ def kv_bytes(m):
     if "kvgpt_kv_blocks_used" in m:
         info = next(k for k in m if k.startswith("vllm:cache_config_info"))
         blocks = int(re.search(r'num_gpu_blocks="(\d+)"', info).group(1))
-        return m["kvgpt_kv_blocks_used"] * m["kvgpt_kv_cache_limit_bytes"] / blocks
+        # The pool's high-water mark where the build has one: it sees a block held for part of a step.
+        used = max(m["kvgpt_kv_blocks_used"], m.get("kvgpt_kv_blocks_peak", 0))
+        return used * m["kvgpt_kv_cache_limit_bytes"] / blocks
     return m.get("kvgpt_kv_cache_bytes", 0) + m.get("kvgpt_prompt_cache_bytes", 0)
 
 
@@ -144,6 +149,8 @@ def main():
     p.add_argument("--stop", default=None)
     p.add_argument("--arg", action="append", default=[], help="one more flag for every server")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample (each request with a seed of its own) instead of greedy choices, which say the same thing")
     p.add_argument("--parallel", type=int, default=0, help="sequences at once (default: all)")
     p.add_argument("--copies", action="store_true", help="n requests of one choice instead of n choices")
     p.add_argument("--llama-server", default=None)
@@ -159,6 +166,8 @@ def main():
                 "max_tokens": a.output, "temperature": 0, "ignore_eos": True}
         if a.stop:
             body["stop"] = [a.stop]
+        if a.temperature > 0:
+            body.update(temperature=a.temperature, seed=rng.randrange(1 << 31))
         bodies += [dict(body, n=1) for _ in range(a.n)] if a.copies else [body]
     log(f"cpu: {cpu_model()}")
     failed = False
@@ -168,7 +177,8 @@ def main():
         texts = [[c["text"] for c in r[1]["choices"]] if r[0] == 200 else None for r in results]
         out_tokens = sum(r[1].get("usage", {}).get("completion_tokens", 0) for r in results if r[0] == 200)
         name = "llama-server " + " ".join(a.llama_arg) if binary == "llama" else f"{binary} ({git_rev(binary) or '?'}) {' '.join(a.arg)}"
-        print(f"{name}: {a.requests} requests × n {a.n}{' (as copies)' if a.copies else ''} on a {a.system}-token "
+        sampled = f", sampled at T={a.temperature}" if a.temperature > 0 else ""
+        print(f"{name}: {a.requests} requests × n {a.n}{' (as copies)' if a.copies else ''}{sampled} on a {a.system}-token "
               f"system prompt, {a.parallel} at once: peak K/V {peak / 2**20:.1f} MiB, {len(refused)} refused, "
               f"{m.get('vllm:num_preemptions_total', 0):.0f} preemptions, {wall:.1f} s, {out_tokens / wall:.0f} tok/s")
         for code, body in refused[:3]:

@@ -59,6 +59,7 @@ const GAUGES: &[(&str, &str)] = &[
     ("kvgpt_kv_cache_bytes", "K/V bytes of the blocks running sequences map (a shared block once)"),
     ("kvgpt_kv_cache_limit_bytes", "K/V bytes of the pool (--kv-mb)"),
     ("kvgpt_kv_blocks_used", "blocks of the K/V pool in use, by running sequences or the prompt cache"),
+    ("kvgpt_kv_blocks_peak", "the most blocks of the K/V pool ever in use at once, however briefly"),
     (
         "kvgpt_kv_blocks_shared",
         "blocks a running sequence maps that another holder (a sequence, the prompt cache) holds too",
@@ -112,6 +113,7 @@ const ZEROED_GAUGES: &[&str] = &[
     "kvgpt_requests_waiting",
     "kvgpt_kv_cache_bytes",
     "kvgpt_kv_blocks_used",
+    "kvgpt_kv_blocks_peak",
     "kvgpt_kv_blocks_shared",
     "kvgpt_prompt_cache_bytes",
     "kvgpt_prompt_cache_tokens",
@@ -270,6 +272,7 @@ impl Monitor for EngineMonitor {
             gauge!("vllm:kv_cache_usage_perc").set(usage);
             gauge!("kvgpt_kv_cache_bytes").set(g.kv_bytes as f64);
             gauge!("kvgpt_kv_blocks_used").set(g.pool_used as f64);
+            gauge!("kvgpt_kv_blocks_peak").set(g.pool_peak as f64);
             gauge!("kvgpt_kv_blocks_shared").set(g.blocks_shared as f64);
             counter!("vllm:num_preemptions_total").absolute(g.preemptions);
             gauge!("kvgpt_prompt_cache_bytes").set(g.cache_bytes as f64);

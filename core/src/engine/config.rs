@@ -80,6 +80,8 @@ pub struct Gauges {
     /// sequence maps that another holder (a sequence, the prompt cache) holds too.
     pub pool_blocks: usize,
     pub pool_used: usize,
+    /// The most blocks ever in use at once.
+    pub pool_peak: usize,
     pub blocks_shared: usize,
     /// Sequences preempted so far (their blocks dropped, recomputed later).
     pub preemptions: u64,

@@ -4,8 +4,11 @@
 //! The rules, in order:
 //! 1. Admit waiting sequences, oldest first, while a slot is free and the K/V pool can hold the
 //!    blocks of the prompt that the prompt cache does not give, plus a watermark (a sequence
-//!    that grows later gets its blocks then; when there are none, the driver preempts). With
-//!    nothing running the first always goes (the handle refused what the pool could never hold).
+//!    that grows later gets its blocks then; when there are none, the driver preempts). Blocks
+//!    only the prompt cache holds count as free (they can be evicted), except those the prompt
+//!    would map: mapping them takes them from what eviction can give (a preempted sequence's own
+//!    blocks waiting in the cache are no room for it). With nothing running the first always goes
+//!    (the handle refused what the pool could never hold).
 //! 2. Start each admitted sequence from the longest prefix the prompt cache holds *now*, unless an
 //!    earlier sequence that has not produced its first token shares more of its prompt than the
 //!    cache holds: then it waits for that prompt to enter the cache rather than compute the same
@@ -66,6 +69,23 @@ impl Memory {
     pub const PLENTY: Memory = Memory { free_blocks: usize::MAX / 2, block: 16, watermark: 0 };
 }
 
+/// What the prompt cache would give a prompt now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cached {
+    /// Tokens it holds of the prompt (at most all but the last).
+    pub tokens: usize,
+    /// Blocks of those that only the cache holds: counted in [`Memory::free_blocks`] as
+    /// evictable, they would not be once the prompt maps them.
+    pub evictable: usize,
+}
+
+impl Cached {
+    /// `tokens` tokens, in blocks someone else maps too.
+    pub fn tokens(tokens: usize) -> Cached {
+        Cached { tokens, evictable: 0 }
+    }
+}
+
 /// One step's decisions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -77,9 +97,8 @@ pub struct Plan {
     pub rows: Vec<(SeqId, usize)>,
 }
 
-/// Plans one step. `cached(prompt)` is how many of a prompt's tokens the prompt cache would
-/// give now.
-pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> usize, limits: Limits) -> Plan {
+/// Plans one step. `cached(prompt)` is what the prompt cache would give a prompt now.
+pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> Cached, limits: Limits) -> Plan {
     let admit = admissible(running.len(), waiting, cached, limits);
     let mut slots: Vec<SlotView> = running.iter().chain(&waiting[..admit]).copied().collect();
     let mut start = vec![];
@@ -89,7 +108,7 @@ pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) 
         }
         let prompt = slots[i].prompt;
         let cap = prompt.len().saturating_sub(1);
-        let have = cached(prompt);
+        let have = cached(prompt).tokens;
         let ahead = slots[..i]
             .iter()
             .filter(|q| q.phase != Phase::Decoding)
@@ -120,13 +139,14 @@ pub fn plan(running: &[SlotView], waiting: &[SlotView], cached: &dyn Fn(&[u32]) 
 }
 
 /// How many of `waiting` (in order) fit the free slots and the pool.
-fn admissible(running: usize, waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> usize, limits: Limits) -> usize {
+fn admissible(running: usize, waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> Cached, limits: Limits) -> usize {
     let Memory { free_blocks, block, watermark } = limits.memory;
     let mut budget = free_blocks.saturating_sub(watermark);
     let slots = limits.parallel.saturating_sub(running);
     let mut admit = 0;
     for w in waiting.iter().take(slots) {
-        let need = w.prompt.len().div_ceil(block) - cached(w.prompt) / block;
+        let Cached { tokens, evictable } = cached(w.prompt);
+        let need = w.prompt.len().div_ceil(block) - tokens / block + evictable;
         if need > budget && (running > 0 || admit > 0) {
             break;
         }
@@ -145,8 +165,8 @@ mod tests {
     }
 
     const LIMITS: Limits = Limits { parallel: 4, batch_tokens: 16, prefix_cache: true, memory: Memory::PLENTY };
-    fn none(_: &[u32]) -> usize {
-        0
+    fn none(_: &[u32]) -> Cached {
+        Cached::default()
     }
 
     #[test]
@@ -198,11 +218,11 @@ mod tests {
     fn a_started_sequence_feeds_what_the_cache_did_not_give() {
         let prompt = [1u32, 2, 3, 4, 5, 6];
         let waiting = [view(9, Phase::Admitted, &prompt, 6)];
-        let p = plan(&[], &waiting, &|ids: &[u32]| ids.len() - 2, LIMITS);
+        let p = plan(&[], &waiting, &|ids: &[u32]| Cached::tokens(ids.len() - 2), LIMITS);
         assert_eq!(p.start, [(9, 4)]);
         assert_eq!(p.rows, [(9, 2)]);
         // A full hit (all but the last token) feeds one row, like a decode.
-        let p = plan(&[], &waiting, &|ids: &[u32]| ids.len() - 1, Limits { batch_tokens: 1, ..LIMITS });
+        let p = plan(&[], &waiting, &|ids: &[u32]| Cached::tokens(ids.len() - 1), Limits { batch_tokens: 1, ..LIMITS });
         assert_eq!(p.rows, [(9, 1)]);
     }
 
@@ -222,14 +242,14 @@ mod tests {
         assert_eq!(p.rows, [(1, 11), (3, 3)]);
         // Once the cache holds them, it starts from there.
         let running = [view(1, Phase::Decoding, &shared, 1), view(2, Phase::Admitted, &other, 11)];
-        let p = plan(&running, &[], &|ids: &[u32]| if ids == &other[..] { 10 } else { 0 }, LIMITS);
+        let p = plan(&running, &[], &|ids: &[u32]| Cached::tokens(if ids == &other[..] { 10 } else { 0 }), LIMITS);
         assert_eq!(p.start, [(2, 10)]);
         // Without a prompt cache there is nothing to wait for.
         let p = plan(&[], &waiting, &none, Limits { prefix_cache: false, ..LIMITS });
         assert_eq!(p.start.len(), 3);
         // A sequence still prefilling holds the next one back as well.
         let running = [view(1, Phase::Prefilling, &shared, 5), view(2, Phase::Admitted, &other, 11)];
-        assert_eq!(plan(&running, &[], &|_: &[u32]| 4, LIMITS).start, []);
+        assert_eq!(plan(&running, &[], &|_: &[u32]| Cached::tokens(4), LIMITS).start, []);
     }
 
     #[test]
@@ -244,8 +264,13 @@ mod tests {
         assert_eq!(plan(&running, &waiting, &none, memory(6, 1)).admit, 2, "the watermark is kept free");
         assert_eq!(plan(&running, &waiting, &none, memory(2, 0)).admit, 0, "the oldest does not fit: nobody passes it");
         // Whole blocks the prompt cache gives take nothing from the pool.
-        let cached = |ids: &[u32]| if ids == &a[..] { 33 } else { 0 };
+        let cached = |ids: &[u32]| Cached::tokens(if ids == &a[..] { 33 } else { 0 });
         assert_eq!(plan(&running, &waiting, &cached, memory(3, 0)).admit, 2, "a needs 1 block, b 2");
+        // Blocks only the cache holds are free to the others but not to the prompt that maps them:
+        // a's two whole cached blocks, evictable, count in the 5 free; mapped, they do not.
+        let pinned = |ids: &[u32]| if ids == &a[..] { Cached { tokens: 33, evictable: 2 } } else { Cached::default() };
+        assert_eq!(plan(&running, &waiting, &pinned, memory(5, 0)).admit, 2, "a takes 1 + its 2, b 2");
+        assert_eq!(plan(&running, &waiting, &pinned, memory(4, 0)).admit, 1, "then b does not fit");
         // With nothing running the oldest always goes (the handle refused what could never fit).
         assert_eq!(plan(&[], &waiting, &none, memory(0, 0)).admit, 1);
     }

@@ -36,6 +36,8 @@ pub(super) struct Slot {
     /// The prompt-cache prefix it started from, held until it finishes.
     pub hold: Option<Hold>,
     pub cached: usize,
+    /// Positions of its ids given to the prompt cache (their whole blocks shared).
+    pub shared: usize,
     /// Where its lookup in the prompt cache stopped (None with the cache off).
     pub reuse: Option<ReuseStop>,
     pub submitted: Instant,
@@ -57,6 +59,7 @@ impl Slot {
             events: w.events,
             hold: None,
             cached: 0,
+            shared: 0,
             reuse: None,
             submitted: w.submitted,
             admitted: now,

@@ -365,6 +365,25 @@ impl KvCache {
         Ok(())
     }
 
+    /// Maps `blocks` (logical blocks `0..blocks.len()` of this cache's positions, holding the
+    /// same bits: the prompt cache's blocks for the same tokens, [`PrefixCache::insert_shared`])
+    /// in place of its own, for the blocks this cache has filled whole (a block it still writes
+    /// into stays its own); its own copies go back to the pool when nobody else holds them.
+    /// Returns how many it gave up.
+    ///
+    /// [`PrefixCache::insert_shared`]: crate::prefix_cache::PrefixCache::insert_shared
+    pub fn share_whole(&mut self, blocks: &[Arc<Block>]) -> usize {
+        let whole = self.len / self.shape.positions;
+        let mut given_up = 0;
+        for (mine, theirs) in self.blocks.iter_mut().zip(blocks).take(whole) {
+            if !Arc::ptr_eq(mine, theirs) && theirs.shape() == self.shape {
+                *mine = theirs.clone();
+                given_up += 1;
+            }
+        }
+        given_up
+    }
+
     /// Forgets positions `len..` (the next token goes at position `len`), and gives back the
     /// blocks that held only them.
     pub fn truncate(&mut self, len: usize) {

@@ -130,6 +130,8 @@ struct Shared {
     free: Mutex<VecDeque<SlabBlock>>,
     /// Blocks handed out and not yet given back.
     in_use: AtomicUsize,
+    /// The most ever in use at once (a high-water mark, transient holders included).
+    peak: AtomicUsize,
 }
 
 /// A pool of `total` blocks of one shape in one slab, shared by whoever clones it.
@@ -148,8 +150,8 @@ impl Pool {
                 "a K/V pool of {total} blocks ({mib:.1} MiB) could not be allocated: give a smaller --kv-mb"
             ))
         })?;
-        let (free, in_use) = (Mutex::new(blocks.into()), AtomicUsize::new(0));
-        Ok(Pool(Arc::new(Shared { shape, total, free, in_use })))
+        let (free, in_use, peak) = (Mutex::new(blocks.into()), AtomicUsize::new(0), AtomicUsize::new(0));
+        Ok(Pool(Arc::new(Shared { shape, total, free, in_use, peak })))
     }
 
     /// [`Pool::try_new`] of a cache's own pool (at most the model's context, a few MB).
@@ -171,6 +173,12 @@ impl Pool {
         self.0.in_use.load(Ordering::Relaxed)
     }
 
+    /// The most blocks ever in use at once: every block taken counts, however briefly it was
+    /// held (a sequence's own copy of a block it gave up for a shared one included).
+    pub fn peak_blocks(&self) -> usize {
+        self.0.peak.load(Ordering::Relaxed)
+    }
+
     /// Blocks that can be handed out now.
     pub fn free_blocks(&self) -> usize {
         self.0.total.saturating_sub(self.used_blocks())
@@ -180,7 +188,8 @@ impl Pool {
     pub(super) fn alloc(&self) -> Option<Arc<Block>> {
         let s = &self.0;
         let mem = s.free.lock().unwrap_or_else(|p| p.into_inner()).pop_front()?;
-        s.in_use.fetch_add(1, Ordering::Relaxed);
+        let now = s.in_use.fetch_add(1, Ordering::Relaxed) + 1;
+        s.peak.fetch_max(now, Ordering::Relaxed);
         Some(Arc::new(Block { mem: Some(mem), pool: s.clone() }))
     }
 }

@@ -189,3 +189,41 @@ fn blocks_of_any_size_map_back_the_exact_prefix_and_go_back_when_nobody_holds_th
         assert_eq!(pools.iter().map(|p| p.used_blocks()).sum::<usize>(), 0, "B={b}: every block went back");
     }
 }
+
+#[test]
+fn a_sequence_maps_the_trees_whole_blocks_for_its_tokens_and_keeps_the_one_it_writes() {
+    for b in [1, 2, 4] {
+        let mut c = PrefixCache::new(1 << 20);
+        let first: Vec<u32> = (1..=8).collect();
+        let a = cache_in_blocks(&first, b);
+        let own = c.insert_shared(&first, &a, 8);
+        assert!(own.iter().zip(a.blocks()).all(|(x, y)| Arc::ptr_eq(x, y)), "B={b}: the first holder's own blocks");
+        // The same tokens computed again, one more: its whole blocks of the 8 become the first's.
+        let ids: Vec<u32> = (1..=9).collect();
+        let mut again = cache_in_blocks(&ids, b);
+        let blocks = c.insert_shared(&ids, &again, 8);
+        assert_eq!(again.share_whole(&blocks), 8 / b, "B={b}");
+        assert_eq!(again.pool().used_blocks(), 9usize.div_ceil(b) - 8 / b, "B={b}: its own copies went back");
+        assert!(again.same_bits(&cache_in_blocks(&ids, b), 9), "B={b}: the same K/V at every position");
+        // A prompt that differs at position 3 shares only the whole blocks before it.
+        let other = [1, 2, 3, 7, 7, 7, 7, 7];
+        let mut third = cache_in_blocks(&other, b);
+        let blocks = c.insert_shared(&other, &third, 8);
+        assert_eq!(third.share_whole(&blocks), 3 / b, "B={b}: blocks wholly before the first difference");
+        assert!(third.same_bits(&cache_in_blocks(&other, b), 8), "B={b}");
+    }
+}
+
+#[test]
+fn a_peek_counts_the_blocks_it_would_map_that_only_the_tree_holds() {
+    let mut c = PrefixCache::new(1 << 20);
+    let (kept, gone) = (cache_in_blocks(&[1, 2, 3, 4, 5, 6], 2), cache_in_blocks(&[1, 2, 3, 4, 8, 9], 2));
+    c.insert(&[1, 2, 3, 4, 5, 6], &kept);
+    c.insert(&[1, 2, 3, 4, 8, 9], &gone);
+    drop(gone); // its own last block ([8, 9]) is the tree's alone now; `kept` maps all of its three
+    let evictable = c.evictable();
+    assert_eq!(evictable.len(), 1);
+    assert_eq!(c.peek_in(&evictable, &[1, 2, 3, 4, 8, 9, 0]), (6, 1), "[8, 9]'s block would be pinned");
+    assert_eq!(c.peek_in(&evictable, &[1, 2, 3, 4, 5, 6, 0]), (6, 0), "a running cache maps these anyway");
+    assert_eq!(c.peek_in(&Evictable::none(), &[1, 2, 3, 4, 8, 9, 0]), (6, 0));
+}

@@ -261,6 +261,12 @@ impl Sequence {
         self.cache.reset();
     }
 
+    /// Maps the prompt cache's blocks for this sequence's whole blocks in place of its own
+    /// (see [`KvCache::share_whole`]); how many it gave up.
+    pub fn share_whole(&mut self, blocks: &[Arc<Block>]) -> usize {
+        self.cache.share_whole(blocks)
+    }
+
     /// Starts the empty cache from the blocks of a prompt-cache hit holding K/V of `ids[..len]`.
     pub fn map_prefix(&mut self, blocks: &[Arc<Block>], len: usize) -> Result<()> {
         if len > self.ids.len() {

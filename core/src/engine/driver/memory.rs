@@ -6,6 +6,7 @@ use super::Engine;
 use crate::engine::config::Gauges;
 use crate::engine::policy::{Memory, Phase, Plan};
 use crate::engine::slot::Slot;
+use crate::prefix_cache::{Evictable, PrefixCache};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -13,16 +14,54 @@ use std::sync::Arc;
 /// that running sequences can grow a little before anyone is preempted.
 const WATERMARK: f64 = 0.01;
 
+/// Positions a decoding sequence adds before its new whole blocks go to the prompt cache (at
+/// least a block): soon enough that sequences saying the same thing share their blocks early,
+/// seldom enough that the tree's walk is no per-token cost.
+const SHARE_EVERY: usize = 16;
+
+/// Gives the prompt cache `s`'s ids up to `end` and maps the tree's blocks for their whole
+/// blocks in place of its own copies: where another sequence (a sibling choice, an earlier
+/// request) computed the same tokens, they are one block in memory, not two.
+pub(super) fn share(cache: &mut PrefixCache, s: &mut Slot, end: usize) {
+    let blocks = cache.insert_shared(s.seq.ids(), s.seq.cache(), end);
+    s.seq.share_whole(&blocks);
+    s.shared = end;
+}
+
 impl Engine {
-    /// What the policy may admit against: the free blocks and those the prompt cache alone holds
-    /// (counted only when someone waits: the count walks the tree).
-    pub(super) fn memory(&self) -> Memory {
-        let total = self.pool.total_blocks();
+    /// The blocks the prompt cache alone holds, when someone waits to be admitted (the count
+    /// walks the tree).
+    pub(super) fn evictable(&self) -> Evictable {
         let waiting = !(self.waiting.is_empty() && self.preempted.is_empty());
+        if waiting {
+            self.cache.evictable()
+        } else {
+            Evictable::none()
+        }
+    }
+
+    /// What the policy may admit against: the free blocks and the `evictable` ones.
+    pub(super) fn memory(&self, evictable: &Evictable) -> Memory {
+        let total = self.pool.total_blocks();
         Memory {
-            free_blocks: self.pool.free_blocks() + if waiting { self.cache.evictable_blocks() } else { 0 },
+            free_blocks: self.pool.free_blocks() + evictable.len(),
             block: self.pool.shape().positions,
             watermark: (total as f64 * WATERMARK).ceil() as usize,
+        }
+    }
+
+    /// Shares the new whole blocks of every started sequence that has made [`SHARE_EVERY`]
+    /// positions since it last did ([`share`]), when there is a prompt cache.
+    pub(super) fn share_decoded(&mut self) {
+        if self.cfg.cache_bytes == 0 {
+            return;
+        }
+        let b = self.pool.shape().positions;
+        for s in self.slots.iter_mut().filter(|s| s.first_token.is_some()) {
+            let whole = s.seq.cache().len() / b * b;
+            if whole >= s.shared + SHARE_EVERY.max(b) {
+                share(&mut self.cache, s, whole);
+            }
         }
     }
 
@@ -83,6 +122,7 @@ impl Engine {
             cache_tokens: self.cache.tokens(),
             pool_blocks: self.pool.total_blocks(),
             pool_used: self.pool.used_blocks(),
+            pool_peak: self.pool.peak_blocks(),
             blocks_shared: shared,
             preemptions: self.preemptions,
             stats: self.cache.stats,

@@ -6,7 +6,7 @@ mod memory;
 
 use super::command::Command;
 use super::config::{EngineConfig, Monitor};
-use super::policy::{self, Limits, Phase};
+use super::policy::{self, Cached, Limits, Phase};
 use super::request::{CancelReason, Ending, Event, Flushed, Usage};
 use super::runner::{Output, Runner};
 use super::slot::{Slot, Waiting};
@@ -179,18 +179,23 @@ impl Engine {
 
     /// Plan, execute, update.
     fn step(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
+        let evictable = self.evictable();
         let limits = Limits {
             parallel: self.cfg.parallel,
             batch_tokens: self.cfg.batch_tokens,
             prefix_cache: self.cfg.cache_bytes > 0,
-            memory: self.memory(),
+            memory: self.memory(&evictable),
         };
         self.runner.draft(&mut self.slots)?;
         let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
         let waiting: Vec<_> =
             self.preempted.iter().map(Slot::view).chain(self.waiting.iter().map(Waiting::view)).collect();
         let cache = &self.cache;
-        let mut plan = policy::plan(&running, &waiting, &|ids| cache.peek(ids), limits);
+        let cached = |ids: &[u32]| {
+            let (tokens, evictable) = cache.peek_in(&evictable, ids);
+            Cached { tokens, evictable }
+        };
+        let mut plan = policy::plan(&running, &waiting, &cached, limits);
         self.admit(plan.admit);
         for &(id, cached) in &plan.start {
             self.start(id, cached, monitor);
@@ -198,6 +203,7 @@ impl Engine {
         self.make_room(&mut plan);
         let out = self.runner.execute(&mut self.slots, &plan.rows)?;
         self.update(out, monitor);
+        self.share_decoded();
         Ok(())
     }
 
@@ -270,7 +276,8 @@ impl Engine {
                     reuse: s.reuse.clone(),
                 });
                 if self.cfg.cache_bytes > 0 {
-                    self.cache.insert(s.seq.prompt(), s.seq.cache());
+                    let end = s.seq.prompt().len();
+                    memory::share(&mut self.cache, s, end);
                 }
                 // Its prompt is in the tree now, and the blocks it maps stay whatever the tree
                 // evicts: the hold would only keep a block it copied away from.
