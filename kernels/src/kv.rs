@@ -115,6 +115,10 @@ pub fn kv_load(ty: KvType, out: &mut [f32], row: &[f32]) {
 /// How attention reads a row of one type: value `i` (the scalar bodies) or 16 lanes from value
 /// `c` (a multiple of 16; the x86 bodies), the same values either way.
 pub(crate) trait RowFormat {
+    /// Whether a tile of queries reads these rows faster widened to f32 once (q8_0: a scale, a
+    /// sign extension and a convert per 16 lanes) than converted for each query (f16 and bf16:
+    /// one instruction; measured, DESIGN.md "K/V types").
+    const WIDEN_PER_TILE: bool = false;
     /// Words per row of `hs` values.
     fn words(hs: usize) -> usize;
     fn get(row: &[f32], i: usize) -> f32;
@@ -178,6 +182,7 @@ impl RowFormat for Bf16s {
 }
 
 impl RowFormat for Q8s {
+    const WIDEN_PER_TILE: bool = true;
     #[inline(always)]
     fn words(hs: usize) -> usize {
         KvType::Q8_0.row_words(hs)

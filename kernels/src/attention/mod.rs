@@ -32,9 +32,8 @@ kernels! {
         = x86::block_sums_tile_lanes::<L, K>, block_sums_tile_body;
 }
 
-/// Queries per tile of a long prefill: each block's rows are read from memory once for all of
-/// them (and stay in L1 for the rest), not once per pair of queries. A scratch of
-/// `ATTENTION_TILE × NH × (P + T)` floats lets [`attention_blocks`] use tiles.
+/// Queries per tile of a long prefill: each block's rows are read (and widened) once for all of
+/// them, not once per pair. A scratch of `ATTENTION_TILE × NH × (P + T)` floats enables tiles.
 pub const ATTENTION_TILE: usize = 16;
 use ATTENTION_TILE as TILE;
 
@@ -86,8 +85,7 @@ pub trait KvBlocks: Sync {
     }
 }
 
-/// Calls `$f::<…, F>($args)` with the row format of `$ty`: one copy of the loop per type, the
-/// type matched once per call.
+/// Calls `$f::<…, F>($args)` with `$ty`'s row format: one loop per type, matched once per call.
 macro_rules! by_format {
     ($ty:expr, $f:ident :: < $($g:ty),* >, ($($a:expr),*)) => {
         match $ty {
@@ -379,7 +377,7 @@ pub(crate) fn block_sums_tile_body(out: &mut [f32], probs: &[f32], kv: &impl KvB
 
 /// Block `j` of `p0`'s weights (shorter, or empty, where `p0` ends).
 #[inline(always)]
-pub(crate) fn pair_chunk(p0: &[f32], j: usize, b: usize) -> &[f32] {
+fn pair_chunk(p0: &[f32], j: usize, b: usize) -> &[f32] {
     &p0[(j * b).min(p0.len())..((j + 1) * b).min(p0.len())]
 }
 

@@ -1,13 +1,16 @@
 //! The x86 inner loops of attention over either ISA's lanes, each keeping its scalar body's
 //! chains and reduction order.
 
-use super::{pair_chunk, scores_body, KvBlocks, Tile};
+use super::{pair_chunk, scores_body, KvBlocks};
 use crate::kv::{Bf16s, F16s, F32s, KvType, Q8s, RowFormat};
 use crate::lanes::avx2::Y;
 use crate::lanes::avx512::Z;
 use crate::lanes::Lanes;
 use crate::packed::NR;
 use std::arch::x86_64::*;
+
+mod tile;
+pub(crate) use tile::{block_scores_tile_lanes, block_sums_tile_lanes};
 
 type V = __m256;
 
@@ -196,99 +199,6 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
         // SAFETY: o0 and o1 hold 64 floats each (checked by the caller).
         a0[d].store(o0.as_mut_ptr().add(NR * d));
         a1[d].store(o1.as_mut_ptr().add(NR * d));
-    }
-}
-
-/// The keys of block `j` that query `r` of a tile sees: `lo..hi` (empty past its last key).
-#[inline(always)]
-fn tile_span(t: &Tile, b: usize, j: usize, r: usize) -> (usize, usize) {
-    (j * b, ((j + 1) * b).min(t.n0 + r))
-}
-
-/// [`super::block_scores_tile_body`] over these lanes: block by block, each block's key rows
-/// read once for the whole tile.
-#[inline(always)]
-pub(crate) unsafe fn block_scores_tile_lanes<L: Halves, K: KvBlocks>(s: &mut [f32], q: &[f32], kv: &K, t: Tile) {
-    by_format!(kv.kv_type(), block_scores_tile_as::<L, K>, (s, q, kv, t))
-}
-
-#[inline(always)]
-unsafe fn block_scores_tile_as<L: Halves, K: KvBlocks, F: RowFormat>(s: &mut [f32], q: &[f32], kv: &K, t: Tile) {
-    let b = kv.block();
-    for j in 0..(t.n0 + t.m - 1).div_ceil(b) {
-        let kh = kv.k(j, t.h);
-        for r in 0..t.m {
-            let (lo, hi) = tile_span(&t, b, j, r);
-            if lo < hi {
-                let row = &mut s[r * t.stride + lo..r * t.stride + hi];
-                scores_lanes::<L, F>(row, &q[r * t.q_stride..], kh, t.hs, t.scale);
-            }
-        }
-    }
-}
-
-/// [`super::block_sums_tile_body`] over these lanes: block by block, each query's 64
-/// accumulators loaded from `out`, run over the block's rows (in L1 after the first query) and
-/// stored back exactly, so every output keeps its one chain in position order.
-#[inline(always)]
-pub(crate) unsafe fn block_sums_tile_lanes<L: Lanes, K: KvBlocks>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile) {
-    if t.hs != 64 || out.len() < t.m * 64 {
-        return super::block_sums_tile_body(out, probs, kv, t);
-    }
-    by_format!(kv.kv_type(), block_sums_tile_as::<L, K>, (out, probs, kv, t))
-}
-
-#[inline(always)]
-unsafe fn block_sums_tile_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile) {
-    let (b, w) = (kv.block(), F::words(64));
-    out[..t.m * 64].fill(0.0);
-    for j in 0..(t.n0 + t.m - 1).div_ceil(b) {
-        let vh = kv.v(j, t.h);
-        // Queries two at a time, as `block_sums_pair_as`: each value row loaded once for both.
-        for r in (0..t.m).step_by(2) {
-            let (lo, hi0) = tile_span(&t, b, j, r);
-            let hi1 = if r + 1 < t.m { tile_span(&t, b, j, r + 1).1 } else { lo };
-            if lo >= hi0.max(hi1) {
-                continue;
-            }
-            assert!(vh.len() >= (hi0.max(hi1) - lo) * w, "a block holds its rows");
-            let p0 = &probs[r * t.stride..][lo..hi0.max(lo)];
-            let p1 = if r + 1 < t.m { &probs[(r + 1) * t.stride..][lo..hi1.max(lo)] } else { &[][..] };
-            // SAFETY: rows r and r + 1 < m of `out` hold 64 floats each (checked by the caller).
-            let (o0, o1) = (out.as_mut_ptr().add(r * 64), out.as_mut_ptr().add((r + 1).min(t.m - 1) * 64));
-            let load = |o: *mut f32| [L::load(o), L::load(o.add(NR)), L::load(o.add(2 * NR)), L::load(o.add(3 * NR))];
-            let (mut a0, mut a1) = (load(o0), load(o1));
-            let both = p0.len().min(p1.len());
-            for x in 0..both {
-                let (x0, x1) = (L::splat(p0[x]), L::splat(p1[x]));
-                // SAFETY: row x of the block's rows holds 64 values (asserted above).
-                let v = vh.as_ptr().add(x * w);
-                for d in 0..4 {
-                    let vd = F::lanes::<L>(v, NR * d);
-                    a0[d] = L::fma(x0, vd, a0[d]);
-                    a1[d] = L::fma(x1, vd, a1[d]);
-                }
-            }
-            // The rows only one of them sees: the last query's own key, or a lone last query's.
-            for (acc, ps) in [(&mut a0, p0), (&mut a1, p1)] {
-                for (x, &pr) in ps.iter().enumerate().skip(both) {
-                    let a = L::splat(pr);
-                    // SAFETY: as above.
-                    let v = vh.as_ptr().add(x * w);
-                    for (d, accd) in acc.iter_mut().enumerate() {
-                        *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
-                    }
-                }
-            }
-            for (d, a) in a0.iter().enumerate() {
-                a.store(o0.add(NR * d));
-            }
-            if r + 1 < t.m {
-                for (d, a) in a1.iter().enumerate() {
-                    a.store(o1.add(NR * d));
-                }
-            }
-        }
     }
 }
 
