@@ -33,6 +33,16 @@ pub struct ServeArgs {
     /// context plus --cache-mb.
     #[arg(long, value_name = "MB", value_parser = parse_mb)]
     pub kv_mb: Option<f64>,
+    /// A directory for the K/V blocks the prompt cache holds, written through as they are
+    /// computed and looked up when the prompt cache misses: they outlive the process (a restart
+    /// with the same directory serves known prefixes from disk). Content-addressed and
+    /// checksummed: blocks of another model, --kv-dtype or --kv-block-size are never found.
+    #[arg(long, value_name = "DIR")]
+    pub kv_disk: Option<std::path::PathBuf>,
+    /// Gigabytes (GiB, decimals allowed) the --kv-disk directory may hold; past that the least
+    /// recently used blocks go.
+    #[arg(long, value_name = "GB", default_value = "10", value_parser = parse_gb, requires = "kv_disk")]
+    pub kv_disk_gb: f64,
     /// Sequences that may wait for a slot (each choice of each prompt is one); past that, 503 with
     /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
@@ -107,6 +117,13 @@ fn parse_mb(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_gb(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(gb) if gb.is_finite() && gb > 0.0 && gb <= 1e6 => Ok(gb),
+        _ => Err(format!("'{s}' is not a size in gigabytes: give a number above 0, e.g. 10 or 0.5")),
+    }
+}
+
 pub fn run(a: &ServeArgs) -> Result<()> {
     kvgpt_serve::run(&options(a)?)
 }
@@ -128,6 +145,7 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
         parallel: usize::from(a.parallel),
         cache_bytes: a.cache_mb as usize * (1 << 20),
         kv_bytes: a.kv_mb.map(|mb| (mb * (1u64 << 20) as f64) as usize),
+        kv_disk: a.kv_disk.clone().map(|dir| (dir, (a.kv_disk_gb * (1u64 << 30) as f64) as u64)),
         max_queue: a.max_queue as usize,
         api_key: api_key(a)?,
         batch_tokens: usize::from(a.batch_tokens),

@@ -261,6 +261,7 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
                     draft: None,
                     kv_events: false,
                     kv_bytes: None,
+                    store: None,
                 },
             )
         };
@@ -297,6 +298,7 @@ fn engine_answers_are_the_same_bits_cold_warm_batched_and_evicted() {
             draft: None,
             kv_events: false,
             kv_bytes: None,
+            store: None,
         },
     );
     let prompts = reference.prompts();
@@ -335,6 +337,7 @@ fn requests_arriving_together_share_the_prefix_the_first_one_computes() {
                 draft: None,
                 kv_events: false,
                 kv_bytes: None,
+                store: None,
             },
         )
     };
@@ -371,6 +374,7 @@ fn the_queue_limit_counts_running_and_waiting_and_refuses_what_can_never_fit() {
         draft: None,
         kv_events: false,
         kv_bytes: None,
+        store: None,
     };
     let engine::Spawned { handle: h, thread, .. } = engine::spawn(model, cfg, Box::new(NoMonitor), None).unwrap();
     let req = Request {

@@ -35,6 +35,7 @@ fn config(blocks: usize) -> EngineConfig {
         draft: None,
         kv_events: false,
         kv_bytes: Some(blocks * BLOCK_BYTES),
+        store: None,
     }
 }
 

@@ -311,6 +311,7 @@ fn in_the_engine_batched_drafts_end_exactly_at_end_of_text_and_at_the_length() {
             draft,
             kv_events: false,
             kv_bytes: None,
+            store: None,
         };
         let engine::Spawned { handle: h, thread, .. } =
             engine::spawn(model.clone(), cfg, Box::new(NoMonitor), None).unwrap();

@@ -73,6 +73,7 @@ pub mod export;
 pub mod kv_events;
 pub mod prefix_cache;
 pub mod prompt_file;
+pub mod store;
 
 // Serving: many sequences batched on one thread, and the OpenAI API's shapes over it.
 pub mod engine;

@@ -236,6 +236,13 @@ impl PrefixCache {
         self.descend(ids, ids.len().saturating_sub(1)).iter().map(|&(_, take)| take).sum()
     }
 
+    /// The blocks of the cached part of `ids[..len]` (logical `0..`, the last possibly partly
+    /// filled), from the deepest node that holds each; nothing is held or touched.
+    pub fn blocks_of(&self, ids: &[u32], len: usize) -> Vec<Arc<Block>> {
+        let path = self.descend(ids, len.min(ids.len()));
+        self.path_blocks(&path, path.iter().map(|&(_, take)| take).sum())
+    }
+
     /// Lets a held prefix be evicted again.
     pub fn release(&mut self, hold: Hold) {
         for (c, _) in self.descend(&hold.ids, hold.ids.len()) {

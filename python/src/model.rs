@@ -75,6 +75,7 @@ impl Engine {
             draft: None,
             kv_events: false,
             kv_bytes: None,
+            store: None,
         };
         let spawned = engine::spawn(self.model.clone(), cfg, Box::new(NoMonitor), Some(pool))
             .map_err(|e| PyRuntimeError::new_err(format!("the engine could not start: {e}")))?;

@@ -41,8 +41,10 @@ use anyhow::{Context, Result};
 use facts::Facts;
 use http::{App, Ready};
 use kvgpt_core::engine::{self, EngineConfig};
+use kvgpt_core::kv_cache::BlockShape;
 use kvgpt_core::openai::Served;
 use kvgpt_core::speculative::Drafting;
+use kvgpt_core::store::{DiskTier, Keying, Store};
 use kvgpt_core::Loaded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
@@ -103,6 +105,7 @@ async fn serve(o: &ServeOptions) -> Result<()> {
         draft: drafting.map(|d| d.config),
         kv_events: publisher.is_some(),
         kv_bytes: o.kv_bytes,
+        store: open_store(o, &loaded.model)?,
     };
     let threads = pool.current_num_threads();
     let facts = Facts::new(o, local, &loaded, &engine_cfg, (threads, draft_name.as_deref()));
@@ -157,4 +160,13 @@ async fn load(o: &ServeOptions) -> Result<(Loaded, Option<Drafting>, rayon::Thre
         Ok((loaded, drafting, pool))
     })
     .await?
+}
+
+/// The tiers under the pool `o` asks for (`--kv-disk`), keyed by the loaded model's K/V.
+fn open_store(o: &ServeOptions, model: &kvgpt_core::Model) -> Result<Option<Arc<Store>>> {
+    let Some((dir, bytes)) = &o.kv_disk else { return Ok(None) };
+    let disk = DiskTier::open(dir, *bytes).with_context(|| format!("--kv-disk {}: cannot use it", dir.display()))?;
+    let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
+    let shape = BlockShape::of(&model.config, model.kv());
+    Ok(Some(Arc::new(Store::new(keying, shape, disk).context("the K/V store's writer could not start")?)))
 }

@@ -8,6 +8,7 @@
 //! `vllm:lora_requests_info`), so a picker routes to kvgpt replicas with its defaults.
 
 use kvgpt_core::engine::{BlockEvent, Ending, Gauges, Monitor, StopReason, Usage};
+use kvgpt_core::store::StoreCounts;
 use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use std::sync::{Arc, Mutex};
@@ -45,6 +46,14 @@ const COUNTERS: &[(&str, &str)] = &[
         "sequences preempted for K/V memory: blocks dropped, recomputed later (vLLM's name)",
     ),
     ("kvgpt_kv_event_blocks_stored_total", "blocks announced as stored"),
+    ("kvgpt_kv_store_written_blocks_total", "K/V blocks written to a tier under the pool (--kv-disk), by tier"),
+    ("kvgpt_kv_store_skipped_blocks_total", "K/V blocks not written: the writer was behind, or the tier stopped"),
+    ("kvgpt_kv_store_hit_blocks_total", "K/V blocks loaded back from a tier, by tier"),
+    ("kvgpt_kv_store_read_bytes_total", "bytes of the K/V blocks loaded back, by tier"),
+    (
+        "kvgpt_kv_store_refused_blocks_total",
+        "stored K/V blocks refused when read, by tier and reason (header, truncated, checksum, mismatch)",
+    ),
     ("kvgpt_kv_event_blocks_removed_total", "blocks announced as removed"),
     (
         "kvgpt_spec_decode_num_accepted_tokens_total",
@@ -65,6 +74,8 @@ const GAUGES: &[(&str, &str)] = &[
         "blocks a running sequence maps that another holder (a sequence, the prompt cache) holds too",
     ),
     ("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache"),
+    ("kvgpt_kv_store_blocks", "K/V blocks a tier under the pool holds, by tier"),
+    ("kvgpt_kv_store_bytes", "bytes a tier under the pool holds, by tier"),
     ("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)"),
     ("kvgpt_prompt_cache_tokens", "positions held by the prompt cache"),
     ("kvgpt_weights_bytes", "bytes of the weights as held"),
@@ -255,6 +266,20 @@ pub struct Limits {
     pub block_size: usize,
 }
 
+/// The tiers under the pool (the disk tier, for now).
+fn store_counts(c: &StoreCounts) {
+    let tier = ("tier", "disk");
+    counter!("kvgpt_kv_store_written_blocks_total", &[tier]).absolute(c.written);
+    counter!("kvgpt_kv_store_skipped_blocks_total", &[tier]).absolute(c.skipped);
+    counter!("kvgpt_kv_store_hit_blocks_total", &[tier]).absolute(c.disk_hits);
+    counter!("kvgpt_kv_store_read_bytes_total", &[tier]).absolute(c.disk_bytes_read);
+    for (reason, &n) in ["header", "truncated", "checksum", "mismatch"].iter().zip(&c.refused) {
+        counter!("kvgpt_kv_store_refused_blocks_total", &[tier, ("reason", *reason)]).absolute(n);
+    }
+    gauge!("kvgpt_kv_store_blocks", &[tier]).set(c.disk_blocks as f64);
+    gauge!("kvgpt_kv_store_bytes", &[tier]).set(c.disk_bytes_held as f64);
+}
+
 pub struct EngineMonitor {
     metrics: Metrics,
 }
@@ -280,6 +305,9 @@ impl Monitor for EngineMonitor {
             counter!("kvgpt_prompt_cache_evictions_total").absolute(g.stats.evicted_nodes);
             counter!("kvgpt_prompt_cache_lookups_total").absolute(g.stats.lookups);
             counter!("kvgpt_prompt_cache_hits_total").absolute(g.stats.hits);
+            if let Some(c) = &g.store {
+                store_counts(c);
+            }
         });
     }
 

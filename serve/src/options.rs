@@ -4,6 +4,7 @@ use super::kv_events::KvEventOptions;
 use anyhow::{bail, Result};
 use kvgpt_core::speculative::DraftSpec;
 use kvgpt_core::LoadSpec;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Everything `kvgpt serve` is asked for.
@@ -23,6 +24,8 @@ pub struct ServeOptions {
     pub cache_bytes: usize,
     /// Bytes of the K/V pool (None: every slot at the full context and the prompt cache).
     pub kv_bytes: Option<usize>,
+    /// The disk tier under the pool: its directory and the bytes it may hold.
+    pub kv_disk: Option<(PathBuf, u64)>,
     /// Sequences that may wait for a slot.
     pub max_queue: usize,
     /// The key every endpoint but /health requires.
@@ -59,6 +62,9 @@ impl ServeOptions {
         }
         if self.kv_events.replay.is_some() && self.kv_events.endpoint.is_none() {
             bail!("--kv-events-replay answers replays of the events --kv-events publishes: give --kv-events too");
+        }
+        if self.kv_disk.is_some() && self.cache_bytes == 0 {
+            bail!("--kv-disk keeps what the prompt cache holds, but --cache-mb 0 turns it off");
         }
         if self.kv_events.endpoint.is_some() && self.cache_bytes == 0 {
             bail!("--kv-events publishes what the prompt cache holds, but --cache-mb 0 turns it off");

@@ -5,6 +5,8 @@ use crate::kv_cache::{BlockShape, KvCache, Pool};
 use crate::model::Model;
 use crate::prefix_cache::CacheStats;
 use crate::speculative::DraftConfig;
+use crate::store::{Store, StoreCounts};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How the engine runs.
@@ -26,6 +28,9 @@ pub struct EngineConfig {
     /// Bytes of the one K/V pool that running sequences and the prompt cache share (None: as
     /// much as every slot at the full context and the prompt cache's budget).
     pub kv_bytes: Option<usize>,
+    /// The tiers under the pool (`--kv-disk`): the prompt cache writes through to them, and a
+    /// prompt it does not hold is looked up there too.
+    pub store: Option<Arc<Store>>,
 }
 
 impl EngineConfig {
@@ -88,6 +93,8 @@ pub struct Gauges {
     pub cache_bytes: usize,
     pub cache_tokens: usize,
     pub stats: CacheStats,
+    /// The tiers under the pool, when there are any.
+    pub store: Option<StoreCounts>,
 }
 
 /// Observes the engine (metrics); called on the engine thread.

@@ -14,6 +14,8 @@ pub(super) struct Waiting {
     pub req: Request,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
+    /// Whether the store was asked for its prompt's prefix.
+    pub looked_down: bool,
 }
 
 impl Waiting {

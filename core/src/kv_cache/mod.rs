@@ -7,6 +7,7 @@
 //! Attention reads the blocks through [`LayerBlocks`] in position order, so the logits are the
 //! same bits whatever the block size and wherever the blocks are (kvgpt-kernels' attention).
 
+mod held;
 mod pool;
 mod span;
 

@@ -126,6 +126,7 @@ impl Engine {
             blocks_shared: shared,
             preemptions: self.preemptions,
             stats: self.cache.stats,
+            store: self.cfg.store.as_ref().map(|s| s.counts()),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! produced (events, finishes with their reason, prompt-cache inserts).
 
 mod memory;
+mod tiers;
 
 use super::command::Command;
 use super::config::{EngineConfig, Monitor};
@@ -52,8 +53,8 @@ impl Engine {
         kv_events: Option<KvEventSink>,
     ) -> Engine {
         let mut cache = PrefixCache::new(cfg.cache_bytes);
-        if kv_events.is_some() {
-            cache.keep_journal(); // the events are made from it
+        if kv_events.is_some() || cfg.store.is_some() {
+            cache.keep_journal(); // the events and the writes through are made from it
         }
         Engine {
             kv_events,
@@ -107,11 +108,13 @@ impl Engine {
         self.slots.is_empty() && self.preempted.is_empty() && self.waiting.is_empty()
     }
 
-    /// Sends what the prompt cache stored and evicted since the last call as one batch of block
-    /// events, if whole blocks changed.
+    /// Hands the store what the prompt cache stored since the last call, and sends it and what
+    /// was evicted as one batch of block events, if whole blocks changed.
     fn report_cache(&mut self) {
+        let changes = self.cache.take_changes();
+        self.write_through(&changes);
         let Some(sink) = &self.kv_events else { return };
-        let (changes, block) = (self.cache.take_changes(), self.pool.shape().positions);
+        let block = self.pool.shape().positions;
         let batch: Vec<BlockEvent> = changes.iter().filter_map(|c| block_event(c, block)).collect();
         if !batch.is_empty() {
             let _ = sink.send(batch); // nobody listening any more is no error
@@ -186,6 +189,7 @@ impl Engine {
             prefix_cache: self.cfg.cache_bytes > 0,
             memory: self.memory(&evictable),
         };
+        self.load_from_store();
         self.runner.draft(&mut self.slots)?;
         let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
         let waiting: Vec<_> =

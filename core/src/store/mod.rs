@@ -1,0 +1,80 @@
+//! K/V blocks below the pool (issue #35): every block that enters the prompt cache is also
+//! written, off the engine's step loop, to the tiers under it (a disk directory, `--kv-disk`),
+//! and a prompt the prompt cache does not hold is looked up there too, block by block, token
+//! exact. A block is stored under its content address ([`Keying::key`]: its parent's key, its
+//! positions' tokens, the model's K/V fingerprint and the block size), so nothing from another
+//! model, weight type, `--kv-dtype` or block size can be found; each stored block carries a
+//! checksum, and a torn, truncated or flipped one is refused and counted, never used.
+//!
+//! kvgpt's K/V are the same bits on every machine, thread count and ISA, so a key names exactly
+//! one block of bytes: two writers of the same key write the same bytes.
+
+mod disk;
+mod entry;
+mod writer;
+
+pub use disk::DiskTier;
+pub use entry::{Entry, Refusal};
+pub use writer::{Store, StoreCounts, StoreStats};
+
+use crate::model::Fingerprint;
+
+/// A block's content address.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockKey(pub [u8; 32]);
+
+impl std::fmt::Debug for BlockKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl BlockKey {
+    /// The key before a sequence's first block.
+    pub const ROOT: BlockKey = BlockKey([0; 32]);
+
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// What one store's keys are made under: the K/V fingerprint (every weight byte as held, the
+/// layout, `--kv-dtype`: `Model::kv_fingerprint`) and the block size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keying {
+    pub kv: Fingerprint,
+    pub block: usize,
+}
+
+impl Keying {
+    /// The key of the block whose positions start at `first` (a multiple of the block size) and
+    /// hold `tokens` (one to a block's worth), after the block keyed `parent`
+    /// ([`BlockKey::ROOT`] for the first): a chain, so a key stands for every token before it.
+    pub fn key(&self, parent: BlockKey, first: usize, tokens: &[u32]) -> BlockKey {
+        let mut h = blake3::Hasher::new();
+        h.update(b"kvgpt block 1");
+        h.update(&self.kv.0);
+        h.update(&(self.block as u64).to_le_bytes());
+        h.update(&parent.0);
+        h.update(&(first as u64).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        BlockKey(*h.finalize().as_bytes())
+    }
+
+    /// The keys of the whole blocks of `ids`, in order (each the next's parent).
+    pub fn chain(&self, ids: &[u32]) -> Vec<BlockKey> {
+        let mut parent = BlockKey::ROOT;
+        ids.chunks_exact(self.block)
+            .enumerate()
+            .map(|(j, tokens)| {
+                parent = self.key(parent, j * self.block, tokens);
+                parent
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,91 @@
+//! The disk tier under the pool (issue #35): the blocks the prompt cache holds are written
+//! through to `--kv-disk`, and a restarted server serves a known prefix from them, token exact,
+//! with HF's greedy answer. Blocks that are not exactly these — flipped, truncated, or from
+//! another model, `--kv-dtype` or block size — are never used: refused by their checksum, or
+//! never found under their content address.
+
+mod common;
+
+use common::server::{ids_of, Server};
+use common::{RefPrompt, Reference};
+use serde_json::json;
+use std::path::Path;
+
+/// HF's 88-token prompt and its 40 greedy tokens.
+fn prompt() -> RefPrompt {
+    Reference::load().prompts().into_iter().find(|p| p.key == "p2").unwrap()
+}
+
+/// The server's greedy answer to `p` and how many prompt tokens it did not compute.
+fn ask(s: &Server, p: &RefPrompt) -> (Vec<u32>, u64) {
+    let n = p.greedy_ids.len();
+    let v = s.complete(&json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1}));
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    (ids_of(&v["choices"][0]["logprobs"]["token_ids"]), cached)
+}
+
+/// A server on the disk tier `dir` (and `extra` flags) answers `p` once and exits, its writes done.
+fn fill(dir: &Path, p: &RefPrompt) {
+    let s = Server::start(&["--kv-disk", dir.to_str().unwrap()]);
+    assert_eq!(ask(&s, p), (p.greedy_ids.clone(), 0), "a first run computes everything");
+    assert!(s.terminate().success());
+}
+
+fn files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let subs = std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.path().is_dir());
+    subs.flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten().map(|f| f.path())).collect()
+}
+
+#[test]
+fn a_restarted_server_serves_the_prefix_from_disk_token_exact_with_hfs_answer() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    fill(dir.path(), &p);
+    // Five whole blocks of 16 and the prompt's last 8 positions (a partial block), as written.
+    assert!(files(dir.path()).len() >= 6, "{:?}", files(dir.path()));
+    let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "all but the last prompt token from disk");
+    assert_eq!(s.metric("kvgpt_kv_store_hit_blocks_total"), 6.0);
+    assert_eq!(s.metric("kvgpt_kv_store_refused_blocks_total"), 0.0);
+}
+
+#[test]
+fn blocks_of_another_model_kv_type_or_block_size_are_never_found() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    fill(dir.path(), &p);
+    let held = files(dir.path()).len();
+    for other in [["--kv-block-size", "8"], ["--kv-dtype", "f16"], ["--dtype", "bf16"]] {
+        let s = Server::start(&[&["--kv-disk", dir.path().to_str().unwrap()][..], &other[..]].concat());
+        let (ids, cached) = ask(&s, &p);
+        assert_eq!(cached, 0, "{other:?}: nothing stored under another key is found");
+        if other[0] == "--kv-block-size" {
+            assert_eq!(ids, p.greedy_ids, "{other:?}");
+        }
+        assert_eq!(s.metric("kvgpt_kv_store_refused_blocks_total"), 0.0, "{other:?}: not found, so not refused");
+        assert!(s.terminate().success());
+    }
+    // Each wrote its own blocks beside the first model's, which are all still there.
+    assert!(files(dir.path()).len() >= 4 * held);
+}
+
+#[test]
+fn flipped_and_truncated_blocks_are_refused_and_the_answer_is_hfs() {
+    for (damage, reason) in [("flip", "checksum"), ("truncate", "truncated")] {
+        let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+        fill(dir.path(), &p);
+        for f in files(dir.path()) {
+            let mut bytes = std::fs::read(&f).unwrap();
+            if damage == "flip" {
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0x10; // one bit of one K/V value
+            } else {
+                bytes.truncate(bytes.len() - 40);
+            }
+            std::fs::write(&f, bytes).unwrap();
+        }
+        let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
+        assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0), "{damage}: recomputed, HF's answer");
+        let refused = format!("kvgpt_kv_store_refused_blocks_total{{tier=\"disk\",reason=\"{reason}\"}}");
+        assert_eq!(s.metric(&refused), 1.0, "{damage}: the first block read is refused, and the run ends there");
+        assert!(s.terminate().success());
+    }
+}
