@@ -43,6 +43,11 @@ pub struct ServeArgs {
     /// recently used blocks go.
     #[arg(long, value_name = "GB", default_value = "10", value_parser = parse_gb, requires = "kv_disk")]
     pub kv_disk_gb: f64,
+    /// A Redis server (redis://host:port/db) that holds K/V blocks for every replica that names
+    /// it: written through as --kv-disk is, looked up after it. Redis down, slow or full costs
+    /// speed, never an answer (the server serves from RAM and disk, and reconnects).
+    #[arg(long, value_name = "URL")]
+    pub kv_redis: Option<String>,
     /// Sequences that may wait for a slot (each choice of each prompt is one); past that, 503 with
     /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
@@ -146,6 +151,7 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
         cache_bytes: a.cache_mb as usize * (1 << 20),
         kv_bytes: a.kv_mb.map(|mb| (mb * (1u64 << 20) as f64) as usize),
         kv_disk: a.kv_disk.clone().map(|dir| (dir, (a.kv_disk_gb * (1u64 << 30) as f64) as u64)),
+        kv_redis: a.kv_redis.clone(),
         max_queue: a.max_queue as usize,
         api_key: api_key(a)?,
         batch_tokens: usize::from(a.batch_tokens),

@@ -44,7 +44,7 @@ use kvgpt_core::engine::{self, EngineConfig};
 use kvgpt_core::kv_cache::BlockShape;
 use kvgpt_core::openai::Served;
 use kvgpt_core::speculative::Drafting;
-use kvgpt_core::store::{DiskTier, Keying, Store};
+use kvgpt_core::store::{DiskTier, Keying, RedisTier, Store, Tier};
 use kvgpt_core::Loaded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
@@ -162,11 +162,22 @@ async fn load(o: &ServeOptions) -> Result<(Loaded, Option<Drafting>, rayon::Thre
     .await?
 }
 
-/// The tiers under the pool `o` asks for (`--kv-disk`), keyed by the loaded model's K/V.
+/// The tiers under the pool `o` asks for (`--kv-disk`, then `--kv-redis`), keyed by the loaded
+/// model's K/V.
 fn open_store(o: &ServeOptions, model: &kvgpt_core::Model) -> Result<Option<Arc<Store>>> {
-    let Some((dir, bytes)) = &o.kv_disk else { return Ok(None) };
-    let disk = DiskTier::open(dir, *bytes).with_context(|| format!("--kv-disk {}: cannot use it", dir.display()))?;
+    let mut tiers: Vec<Box<dyn Tier>> = vec![];
+    if let Some((dir, bytes)) = &o.kv_disk {
+        let disk =
+            DiskTier::open(dir, *bytes).with_context(|| format!("--kv-disk {}: cannot use it", dir.display()))?;
+        tiers.push(Box::new(disk));
+    }
+    if let Some(url) = &o.kv_redis {
+        tiers.push(Box::new(RedisTier::open(url).map_err(anyhow::Error::msg)?));
+    }
+    if tiers.is_empty() {
+        return Ok(None);
+    }
     let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
     let shape = BlockShape::of(&model.config, model.kv());
-    Ok(Some(Arc::new(Store::new(keying, shape, disk).context("the K/V store's writer could not start")?)))
+    Ok(Some(Arc::new(Store::new(keying, shape, tiers).context("the K/V store's writer could not start")?)))
 }

@@ -75,6 +75,7 @@ const GAUGES: &[(&str, &str)] = &[
     ),
     ("kvgpt_prompt_cache_bytes", "K/V bytes held by the prompt cache"),
     ("kvgpt_kv_store_blocks", "K/V blocks a tier under the pool holds, by tier"),
+    ("kvgpt_kv_store_up", "whether a tier under the pool answers (1) or is down (0: served without it), by tier"),
     ("kvgpt_kv_store_bytes", "bytes a tier under the pool holds, by tier"),
     ("kvgpt_prompt_cache_limit_bytes", "the prompt cache's budget (--cache-mb)"),
     ("kvgpt_prompt_cache_tokens", "positions held by the prompt cache"),
@@ -266,18 +267,23 @@ pub struct Limits {
     pub block_size: usize,
 }
 
-/// The tiers under the pool (the disk tier, for now).
+/// The tiers under the pool, each under its `tier` label.
 fn store_counts(c: &StoreCounts) {
-    let tier = ("tier", "disk");
-    counter!("kvgpt_kv_store_written_blocks_total", &[tier]).absolute(c.written);
-    counter!("kvgpt_kv_store_skipped_blocks_total", &[tier]).absolute(c.skipped);
-    counter!("kvgpt_kv_store_hit_blocks_total", &[tier]).absolute(c.disk_hits);
-    counter!("kvgpt_kv_store_read_bytes_total", &[tier]).absolute(c.disk_bytes_read);
-    for (reason, &n) in ["header", "truncated", "checksum", "mismatch"].iter().zip(&c.refused) {
-        counter!("kvgpt_kv_store_refused_blocks_total", &[tier, ("reason", *reason)]).absolute(n);
+    for t in c.tiers.iter().flatten() {
+        let tier = ("tier", t.name);
+        counter!("kvgpt_kv_store_written_blocks_total", &[tier]).absolute(t.written);
+        counter!("kvgpt_kv_store_skipped_blocks_total", &[tier]).absolute(t.skipped);
+        counter!("kvgpt_kv_store_hit_blocks_total", &[tier]).absolute(t.hits);
+        counter!("kvgpt_kv_store_read_bytes_total", &[tier]).absolute(t.bytes_read);
+        for (reason, &n) in ["header", "truncated", "checksum", "mismatch"].iter().zip(&t.refused) {
+            counter!("kvgpt_kv_store_refused_blocks_total", &[tier, ("reason", *reason)]).absolute(n);
+        }
+        gauge!("kvgpt_kv_store_up", &[tier]).set(if t.up { 1.0 } else { 0.0 });
+        if let Some((blocks, bytes)) = t.held {
+            gauge!("kvgpt_kv_store_blocks", &[tier]).set(blocks as f64);
+            gauge!("kvgpt_kv_store_bytes", &[tier]).set(bytes as f64);
+        }
     }
-    gauge!("kvgpt_kv_store_blocks", &[tier]).set(c.disk_blocks as f64);
-    gauge!("kvgpt_kv_store_bytes", &[tier]).set(c.disk_bytes_held as f64);
 }
 
 pub struct EngineMonitor {

@@ -26,6 +26,8 @@ pub struct ServeOptions {
     pub kv_bytes: Option<usize>,
     /// The disk tier under the pool: its directory and the bytes it may hold.
     pub kv_disk: Option<(PathBuf, u64)>,
+    /// The shared tier: a Redis server's URL.
+    pub kv_redis: Option<String>,
     /// Sequences that may wait for a slot.
     pub max_queue: usize,
     /// The key every endpoint but /health requires.
@@ -63,8 +65,8 @@ impl ServeOptions {
         if self.kv_events.replay.is_some() && self.kv_events.endpoint.is_none() {
             bail!("--kv-events-replay answers replays of the events --kv-events publishes: give --kv-events too");
         }
-        if self.kv_disk.is_some() && self.cache_bytes == 0 {
-            bail!("--kv-disk keeps what the prompt cache holds, but --cache-mb 0 turns it off");
+        if (self.kv_disk.is_some() || self.kv_redis.is_some()) && self.cache_bytes == 0 {
+            bail!("--kv-disk and --kv-redis keep what the prompt cache holds, but --cache-mb 0 turns it off");
         }
         if self.kv_events.endpoint.is_some() && self.cache_bytes == 0 {
             bail!("--kv-events publishes what the prompt cache holds, but --cache-mb 0 turns it off");

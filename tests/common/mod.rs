@@ -5,6 +5,7 @@ pub mod browser;
 pub mod gguf_edit;
 pub mod hub_server;
 pub mod random_model;
+pub mod redis;
 pub mod server;
 pub mod views;
 

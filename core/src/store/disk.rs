@@ -5,7 +5,7 @@
 //! modification first) knows every key and its size; past the budget the least recently used
 //! files go. A write that fails (a full disk) stops the tier's writing, with a warning; reads go on.
 
-use super::BlockKey;
+use super::{BlockKey, Tier};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -154,6 +154,27 @@ impl DiskTier {
                 None => return,
             }
         }
+    }
+}
+
+impl Tier for DiskTier {
+    fn name(&self) -> &'static str {
+        "disk"
+    }
+    fn has(&self, key: BlockKey) -> bool {
+        DiskTier::has(self, key)
+    }
+    fn get(&self, key: BlockKey) -> Option<Vec<u8>> {
+        DiskTier::get(self, key)
+    }
+    fn put(&self, key: BlockKey, bytes: &[u8]) -> bool {
+        DiskTier::put(self, key, bytes)
+    }
+    fn remove(&self, key: BlockKey) {
+        DiskTier::remove(self, key)
+    }
+    fn held(&self) -> Option<(usize, u64)> {
+        Some(DiskTier::held(self))
     }
 }
 

@@ -11,13 +11,35 @@
 
 mod disk;
 mod entry;
+mod redis;
 mod writer;
 
+pub use self::redis::RedisTier;
 pub use disk::DiskTier;
 pub use entry::{Entry, Refusal};
-pub use writer::{Store, StoreCounts, StoreStats};
+pub use writer::{Store, StoreCounts, TierCounts};
 
 use crate::model::Fingerprint;
+
+/// One tier under the pool: stored blocks by key (the disk, Redis). Every call answers at once
+/// when the tier cannot (a tier that fails costs speed, never an answer).
+pub trait Tier: Send + Sync {
+    /// Its name in the metrics: "disk", "redis".
+    fn name(&self) -> &'static str;
+    fn has(&self, key: BlockKey) -> bool;
+    /// The stored bytes of `key` (None if not here, or unreadable now).
+    fn get(&self, key: BlockKey) -> Option<Vec<u8>>;
+    /// Stores `bytes` under `key` (unless held: a key names one content); false if it could not.
+    fn put(&self, key: BlockKey, bytes: &[u8]) -> bool;
+    /// Removes a block (refused when read).
+    fn remove(&self, key: BlockKey);
+    /// Blocks and bytes held, where the tier keeps count.
+    fn held(&self) -> Option<(usize, u64)>;
+    /// Whether it answers now.
+    fn up(&self) -> bool {
+        true
+    }
+}
 
 /// A block's content address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

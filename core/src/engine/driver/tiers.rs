@@ -47,7 +47,7 @@ impl Engine {
         let ram = self.cache.peek(ids);
         let start = ram / b * b;
         let found = store.find(ids, start, max);
-        if (start + found.iter().map(|&(_, n)| n).sum::<usize>()).min(max) <= ram {
+        if (start + found.iter().map(|&(_, _, n)| n).sum::<usize>()).min(max) <= ram {
             return;
         }
         while self.pool.free_blocks() < found.len() && self.cache.evict_for_pool() {}
@@ -56,7 +56,7 @@ impl Engine {
         if kv.map_prefix(&self.cache.blocks_of(ids, start), start).is_err() {
             return;
         }
-        for e in store.load(found) {
+        for (_, e) in store.load(found) {
             if kv.append_held(&e.words, e.tokens.len()).is_err() {
                 break;
             }

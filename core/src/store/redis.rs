@@ -1,0 +1,146 @@
+//! The shared tier (`--kv-redis URL`): blocks in a Redis server every replica reaches, under
+//! `kvgpt:kv:<key>`, written with `SET … NX` (a key names one content, so whoever writes first
+//! wrote what everyone would). Redis itself decides what it keeps (its `maxmemory` and policy).
+//!
+//! A Redis that is down, slow or full costs speed, never an answer: each call has a 200 ms
+//! timeout; a failed connection marks the tier down (a warning, the `up` gauge at 0), and calls
+//! answer "not here" at once until a reconnect, tried at most once a second, succeeds. A write
+//! Redis refuses (full) is counted as skipped. Reads and writes have a connection each, so the
+//! engine's lookups never wait behind the writer's uploads.
+
+use super::{BlockKey, Tier};
+use redis::{Client, Commands, Connection};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+const RETRY: Duration = Duration::from_secs(1);
+
+pub struct RedisTier {
+    client: Client,
+    shown: String,
+    read: Mutex<Link>,
+    write: Mutex<Link>,
+    up: AtomicBool,
+}
+
+/// One connection, or when the next attempt to make one may be.
+struct Link {
+    conn: Option<Connection>,
+    retry_at: Instant,
+}
+
+impl RedisTier {
+    /// The tier at `url` (`redis://host:port/db`); errors on a URL Redis cannot take. The server
+    /// need not be up yet.
+    pub fn open(url: &str) -> Result<RedisTier, String> {
+        let client = Client::open(url).map_err(|e| format!("--kv-redis {url}: {e}"))?;
+        let link = || Mutex::new(Link { conn: None, retry_at: Instant::now() });
+        // Host, port and database, for the logs: no scheme (said there), no password.
+        let shown = url.split('@').next_back().unwrap_or(url).trim_start_matches("redis://").to_string();
+        let tier = RedisTier { client, shown, read: link(), write: link(), up: AtomicBool::new(true) };
+        if !tier.ping() {
+            tracing::warn!("the K/V tier redis://{} does not answer yet: serving without it until it does", tier.shown);
+        }
+        Ok(tier)
+    }
+
+    fn ping(&self) -> bool {
+        self.call(&self.read, |c| redis::cmd("PING").query::<String>(c)).is_some()
+    }
+
+    /// Runs `f` on `link`'s connection (made first if there is none and a retry is due): None when
+    /// Redis is down (or refused the command). A connection that breaks is made again at once,
+    /// once (a restarted Redis drops every connection it had).
+    fn call<T>(&self, link: &Mutex<Link>, mut f: impl FnMut(&mut Connection) -> redis::RedisResult<T>) -> Option<T> {
+        let mut l = link.lock().unwrap_or_else(|p| p.into_inner());
+        for fresh_try in [false, true] {
+            let fresh = l.conn.is_none();
+            if fresh && !fresh_try && Instant::now() < l.retry_at {
+                return None;
+            }
+            if fresh {
+                match self.connect() {
+                    Ok(c) => l.conn = Some(c),
+                    Err(e) => {
+                        l.retry_at = Instant::now() + RETRY;
+                        self.down(&e);
+                        return None;
+                    }
+                }
+            }
+            match f(l.conn.as_mut().expect("connected")) {
+                Ok(v) => {
+                    if !self.up.swap(true, Ordering::Relaxed) {
+                        tracing::info!("the K/V tier redis://{} answers again", self.shown);
+                    }
+                    return Some(v);
+                }
+                Err(e)
+                    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() =>
+                {
+                    l.conn = None;
+                    if fresh {
+                        l.retry_at = Instant::now() + RETRY;
+                        self.down(&e);
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("the K/V tier redis://{} refused a command: {e}", self.shown);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    fn connect(&self) -> redis::RedisResult<Connection> {
+        let c = self.client.get_connection_with_timeout(TIMEOUT)?;
+        c.set_read_timeout(Some(TIMEOUT))?;
+        c.set_write_timeout(Some(TIMEOUT))?;
+        Ok(c)
+    }
+
+    fn down(&self, e: &redis::RedisError) {
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!("the K/V tier redis://{} is down ({e}): serving from RAM and disk, retrying", self.shown);
+        }
+    }
+}
+
+fn name(key: BlockKey) -> String {
+    format!("kvgpt:kv:{}", key.hex())
+}
+
+impl Tier for RedisTier {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn has(&self, key: BlockKey) -> bool {
+        self.call(&self.read, |c| c.exists::<_, bool>(name(key))).unwrap_or(false)
+    }
+
+    fn get(&self, key: BlockKey) -> Option<Vec<u8>> {
+        self.call(&self.read, |c| c.get::<_, Option<Vec<u8>>>(name(key))).flatten()
+    }
+
+    fn put(&self, key: BlockKey, bytes: &[u8]) -> bool {
+        let set = |c: &mut Connection| redis::cmd("SET").arg(name(key)).arg(bytes).arg("NX").query::<Option<String>>(c);
+        self.call(&self.write, set).is_some()
+    }
+
+    fn remove(&self, key: BlockKey) {
+        let _ = self.call(&self.read, |c| c.del::<_, i64>(name(key)));
+    }
+
+    fn held(&self) -> Option<(usize, u64)> {
+        None
+    }
+
+    fn up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,73 @@
+//! The shared tier under the pool (issue #35): replicas that name one Redis (a real
+//! `redis-server` on loopback) serve each other's prefixes — replica B answers a prompt replica A
+//! computed from Redis, token exact, with HF's greedy answer — and a Redis that dies mid-run
+//! fails no request: the server serves from RAM, says the tier is down, and reconnects when it
+//! is back.
+
+mod common;
+
+use common::redis::Redis;
+use common::server::{ids_of, Server};
+use common::{RefPrompt, Reference};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+fn prompts() -> Vec<RefPrompt> {
+    Reference::load().prompts()
+}
+
+/// The server's greedy answer to `p` and how many prompt tokens it did not compute.
+fn ask(s: &Server, p: &RefPrompt) -> (Vec<u32>, u64) {
+    let n = p.greedy_ids.len();
+    let v = s.complete(&json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1}));
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    (ids_of(&v["choices"][0]["logprobs"]["token_ids"]), cached)
+}
+
+/// Waits (up to 10 s) until `metric` of `s` is `want`.
+fn wait_metric(s: &Server, metric: &str, want: f64) {
+    let t0 = Instant::now();
+    while s.metric(metric) != want {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{metric} stayed {} (want {want})", s.metric(metric));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_replica_serves_from_redis_the_prefix_another_computed() {
+    let Some(redis) = Redis::start() else { return };
+    let p = prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let a = Server::start(&["--kv-redis", &redis.url()]);
+    assert_eq!(ask(&a, &p), (p.greedy_ids.clone(), 0));
+    // The prompt's 5 whole blocks and its partial sixth, then the answer's blocks (at its end).
+    wait_metric(&a, "kvgpt_kv_store_written_blocks_total{tier=\"redis\"}", 9.0);
+    assert_eq!(redis.keys(), 9);
+    let b = Server::start(&["--kv-redis", &redis.url()]);
+    assert_eq!(ask(&b, &p), (p.greedy_ids.clone(), 87), "B reuses all but the last prompt token");
+    assert_eq!(b.metric("kvgpt_kv_store_hit_blocks_total{tier=\"redis\"}"), 6.0);
+    assert_eq!(b.metric("kvgpt_kv_store_up{tier=\"redis\"}"), 1.0);
+}
+
+#[test]
+fn redis_killed_mid_run_fails_no_request_and_comes_back() {
+    let Some(redis) = Redis::start() else { return };
+    let port = redis.port;
+    let ps = prompts();
+    let s = Server::start(&["--kv-redis", &redis.url()]);
+    assert_eq!(ask(&s, &ps[0]), (ps[0].greedy_ids.clone(), 0));
+    redis.kill();
+    for p in &ps[1..4] {
+        assert_eq!(ask(&s, p).0, p.greedy_ids, "{}: answered with Redis down", p.key);
+    }
+    wait_metric(&s, "kvgpt_kv_store_up{tier=\"redis\"}", 0.0);
+    assert!(s.log_lines(1, |l| l.contains("redis") && l.contains("is down")).len() == 1, "one warning");
+    let redis = Redis::start_on(port);
+    std::thread::sleep(Duration::from_millis(1100)); // past the reconnect's back-off
+    assert_eq!(ask(&s, &ps[4]).0, ps[4].greedy_ids);
+    wait_metric(&s, "kvgpt_kv_store_up{tier=\"redis\"}", 1.0);
+    let t0 = Instant::now();
+    while redis.keys() == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "nothing written after the reconnect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
