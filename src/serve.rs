@@ -48,6 +48,12 @@ pub struct ServeArgs {
     /// speed, never an answer (the server serves from RAM and disk, and reconnects).
     #[arg(long, value_name = "URL")]
     pub kv_redis: Option<String>,
+    /// Prove this share (0 to 1) of the K/V blocks loaded back from --kv-disk or --kv-redis by
+    /// recomputing them and comparing bits before a request may use them; a block that differs is
+    /// removed, counted and logged, and the prompt computed instead. 1 proves every block (as
+    /// costly as computing the prefix); 0.1 one block in ten.
+    #[arg(long, value_name = "P", default_value_t = 0.0, value_parser = parse_share)]
+    pub kv_verify: f64,
     /// Sequences that may wait for a slot (each choice of each prompt is one); past that, 503 with
     /// Retry-After. A request with more sequences than --parallel + --max-queue is refused (400).
     #[arg(long, default_value_t = 64)]
@@ -122,6 +128,13 @@ fn parse_mb(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("'{s}' is not a share: give a number from 0 to 1, e.g. 0.1 or 1")),
+    }
+}
+
 fn parse_gb(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(gb) if gb.is_finite() && gb > 0.0 && gb <= 1e6 => Ok(gb),
@@ -152,6 +165,7 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
         kv_bytes: a.kv_mb.map(|mb| (mb * (1u64 << 20) as f64) as usize),
         kv_disk: a.kv_disk.clone().map(|dir| (dir, (a.kv_disk_gb * (1u64 << 30) as f64) as u64)),
         kv_redis: a.kv_redis.clone(),
+        kv_verify: a.kv_verify,
         max_queue: a.max_queue as usize,
         api_key: api_key(a)?,
         batch_tokens: usize::from(a.batch_tokens),

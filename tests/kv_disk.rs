@@ -89,3 +89,38 @@ fn flipped_and_truncated_blocks_are_refused_and_the_answer_is_hfs() {
         assert!(s.terminate().success());
     }
 }
+
+/// A block altered behind the checksum's back (one K/V value changed, the checksum made again
+/// over the altered bytes) passes every check a store can make by itself: the server uses it.
+/// With `--kv-verify 1` recomputing it gives other bits, so it is refused, removed and counted,
+/// and the answer is HF's; an honest store's blocks are all proved and used.
+#[test]
+fn kv_verify_proves_stored_blocks_by_recomputing_them() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    fill(dir.path(), &p);
+    let d = dir.path().to_str().unwrap();
+    let s = Server::start(&["--kv-disk", d, "--kv-verify", "1"]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "an honest store: every block proved, and used");
+    assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (6.0, 0.0));
+    assert!(s.terminate().success());
+    for f in files(dir.path()) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        let body = bytes.len() - 32;
+        bytes[body - 2] ^= 0x01; // the last K/V value's low mantissa bits
+        let sum = *blake3::hash(&bytes[..body]).as_bytes();
+        bytes[body..].copy_from_slice(&sum);
+        std::fs::write(&f, bytes).unwrap();
+    }
+    let copy = tempfile::tempdir().unwrap();
+    for f in files(dir.path()) {
+        let to = copy.path().join(f.strip_prefix(dir.path()).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&f, to).unwrap();
+    }
+    let trusting = Server::start(&["--kv-disk", copy.path().to_str().unwrap()]);
+    assert_eq!(ask(&trusting, &p).1, 87, "the checksum cannot tell: the altered blocks are used");
+    let s = Server::start(&["--kv-disk", d, "--kv-verify", "1"]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0), "refused by recomputation: HF's answer");
+    assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (0.0, 1.0));
+    assert!(s.log_lines(1, |l| l.contains("is not what recomputing it gives")).len() == 1);
+}

@@ -179,5 +179,6 @@ fn open_store(o: &ServeOptions, model: &kvgpt_core::Model) -> Result<Option<Arc<
     }
     let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
     let shape = BlockShape::of(&model.config, model.kv());
-    Ok(Some(Arc::new(Store::new(keying, shape, tiers).context("the K/V store's writer could not start")?)))
+    let store = Store::new(keying, shape, tiers).context("the K/V store's writer could not start")?;
+    Ok(Some(Arc::new(store.with_verify(o.kv_verify))))
 }

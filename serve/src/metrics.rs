@@ -49,6 +49,11 @@ const COUNTERS: &[(&str, &str)] = &[
     ("kvgpt_kv_store_written_blocks_total", "K/V blocks written to a tier under the pool (--kv-disk), by tier"),
     ("kvgpt_kv_store_skipped_blocks_total", "K/V blocks not written: the writer was behind, or the tier stopped"),
     ("kvgpt_kv_store_hit_blocks_total", "K/V blocks loaded back from a tier, by tier"),
+    ("kvgpt_kv_verified_blocks_total", "loaded K/V blocks proved by recomputing them (--kv-verify)"),
+    (
+        "kvgpt_kv_verify_failures_total",
+        "loaded K/V blocks whose recomputed bits differed from the stored ones (removed, not used)",
+    ),
     ("kvgpt_kv_store_read_bytes_total", "bytes of the K/V blocks loaded back, by tier"),
     (
         "kvgpt_kv_store_refused_blocks_total",
@@ -269,6 +274,8 @@ pub struct Limits {
 
 /// The tiers under the pool, each under its `tier` label.
 fn store_counts(c: &StoreCounts) {
+    counter!("kvgpt_kv_verified_blocks_total").absolute(c.verified);
+    counter!("kvgpt_kv_verify_failures_total").absolute(c.verify_failures);
     for t in c.tiers.iter().flatten() {
         let tier = ("tier", t.name);
         counter!("kvgpt_kv_store_written_blocks_total", &[tier]).absolute(t.written);

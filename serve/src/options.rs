@@ -28,6 +28,8 @@ pub struct ServeOptions {
     pub kv_disk: Option<(PathBuf, u64)>,
     /// The shared tier: a Redis server's URL.
     pub kv_redis: Option<String>,
+    /// The share of blocks loaded back from those tiers that are proved by recomputing them.
+    pub kv_verify: f64,
     /// Sequences that may wait for a slot.
     pub max_queue: usize,
     /// The key every endpoint but /health requires.

@@ -6,8 +6,10 @@ use super::policy::Phase;
 use super::request::SeqId;
 use super::slot::Slot;
 use crate::error::Result;
+use crate::kv_cache::KvCache;
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::model::{Model, Scratch};
+use crate::tap::NoTap;
 use std::sync::Arc;
 
 /// A token a step produced for the sequence in slot `slot`.
@@ -26,6 +28,12 @@ impl Runner {
     pub fn new(model: Arc<Model>, rows: usize) -> Runner {
         let scratch = Scratch::new(&model.config, rows.max(1));
         Runner { model, scratch }
+    }
+
+    /// Computes the K/V of `ids` after what `cache` holds (no logits): a stored block proved by
+    /// recomputing it.
+    pub fn recompute(&mut self, ids: &[u32], cache: &mut KvCache) -> Result<()> {
+        self.model.forward(ids, cache, &mut self.scratch, &mut NoTap, &mut [])
     }
 
     /// Every decoding sequence that speculates drafts the tokens this step verifies (before

@@ -19,6 +19,7 @@ const HEADER: usize = 8 + 4 + 32 + 4 + 1 + 4 * 3 + 4 + 4 + 32;
 /// A stored block read back and checked: positions `first..first + tokens.len()`.
 #[derive(Debug)]
 pub struct Entry {
+    pub key: BlockKey,
     pub first: usize,
     pub parent: BlockKey,
     pub tokens: Vec<u32>,
@@ -118,5 +119,5 @@ pub(super) fn decode(bytes: &[u8], keying: &Keying, shape: BlockShape, key: Bloc
     }
     let at = HEADER + 4 * n;
     let words = (0..words).map(|i| f32::from_le_bytes(word(at + 4 * i))).collect();
-    Ok(Entry { first, parent, tokens, words })
+    Ok(Entry { key, first, parent, tokens, words })
 }

@@ -27,8 +27,16 @@ pub trait Tier: Send + Sync {
     /// Its name in the metrics: "disk", "redis".
     fn name(&self) -> &'static str;
     fn has(&self, key: BlockKey) -> bool;
+    /// [`Tier::has`] of each key (a networked tier asks in one round trip).
+    fn has_many(&self, keys: &[BlockKey]) -> Vec<bool> {
+        keys.iter().map(|&k| self.has(k)).collect()
+    }
     /// The stored bytes of `key` (None if not here, or unreadable now).
     fn get(&self, key: BlockKey) -> Option<Vec<u8>>;
+    /// [`Tier::get`] of each key (a networked tier asks in one round trip).
+    fn get_many(&self, keys: &[BlockKey]) -> Vec<Option<Vec<u8>>> {
+        keys.iter().map(|&k| self.get(k)).collect()
+    }
     /// Stores `bytes` under `key` (unless held: a key names one content); false if it could not.
     fn put(&self, key: BlockKey, bytes: &[u8]) -> bool;
     /// Removes a block (refused when read).

@@ -123,6 +123,23 @@ impl Tier for RedisTier {
         self.call(&self.read, |c| c.exists::<_, bool>(name(key))).unwrap_or(false)
     }
 
+    fn has_many(&self, keys: &[BlockKey]) -> Vec<bool> {
+        let mut pipe = redis::pipe();
+        keys.iter().for_each(|&k| {
+            pipe.exists(name(k));
+        });
+        self.call(&self.read, |c| pipe.query::<Vec<bool>>(c)).unwrap_or_else(|| vec![false; keys.len()])
+    }
+
+    fn get_many(&self, keys: &[BlockKey]) -> Vec<Option<Vec<u8>>> {
+        if keys.is_empty() {
+            return vec![];
+        }
+        let names: Vec<String> = keys.iter().map(|&k| name(k)).collect();
+        let got = self.call(&self.read, |c| redis::cmd("MGET").arg(&names).query::<Vec<Option<Vec<u8>>>>(c));
+        got.unwrap_or_else(|| vec![None; keys.len()])
+    }
+
     fn get(&self, key: BlockKey) -> Option<Vec<u8>> {
         self.call(&self.read, |c| c.get::<_, Option<Vec<u8>>>(name(key))).flatten()
     }

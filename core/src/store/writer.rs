@@ -44,10 +44,12 @@ pub struct TierCounts {
     pub held: Option<(usize, u64)>,
 }
 
-/// Every tier's counts, in lookup order.
+/// Every tier's counts, in lookup order, and what recomputing loaded blocks found.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreCounts {
     pub tiers: [Option<TierCounts>; MAX_TIERS],
+    pub verified: u64,
+    pub verify_failures: u64,
 }
 
 struct Tiers {
@@ -65,6 +67,10 @@ struct Job {
 
 pub struct Store {
     tiers: Arc<Tiers>,
+    /// The share of loaded blocks proved by recomputing them (`--kv-verify`), and what that found.
+    verify: f64,
+    verified: AtomicU64,
+    refuted: AtomicU64,
     tx: Option<SyncSender<Job>>,
     writer: Option<JoinHandle<()>>,
 }
@@ -89,7 +95,35 @@ impl Store {
                 t.write(&job);
             }
         })?;
-        Ok(Store { tiers, tx: Some(tx), writer: Some(writer) })
+        let (verified, refuted) = (AtomicU64::new(0), AtomicU64::new(0));
+        Ok(Store { tiers, verify: 0.0, verified, refuted, tx: Some(tx), writer: Some(writer) })
+    }
+
+    /// Proves the share `p` (0 to 1) of the blocks loaded back by recomputing them.
+    pub fn with_verify(mut self, p: f64) -> Store {
+        self.verify = p.clamp(0.0, 1.0);
+        self
+    }
+
+    /// Whether the block `key` is to be proved before use: the `--kv-verify` share of keys, by
+    /// the key's first bytes (every key at 1, none at 0; the same keys on every replica).
+    pub fn proves(&self, key: BlockKey) -> bool {
+        let x = u64::from_le_bytes(key.0[..8].try_into().expect("8 bytes"));
+        self.verify >= 1.0 || (x as f64) < self.verify * u64::MAX as f64
+    }
+
+    /// A block proved: its recomputed bits were the stored ones.
+    pub fn proved(&self) {
+        self.verified.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A block whose recomputed bits were not the stored ones: counted, logged, and removed from
+    /// tier `tier`, which will not give it again.
+    pub fn refuted(&self, tier: usize, key: BlockKey) {
+        self.refuted.fetch_add(1, Ordering::Relaxed);
+        let (t, _) = &self.tiers.tiers[tier];
+        tracing::warn!("a stored K/V block {key:?} ({}) is not what recomputing it gives: removed", t.name());
+        t.remove(key);
     }
 
     pub fn keying(&self) -> Keying {
@@ -98,8 +132,9 @@ impl Store {
 
     /// What each tier did so far, and holds now.
     pub fn counts(&self) -> StoreCounts {
-        let mut out = StoreCounts::default();
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut out =
+            StoreCounts { verified: load(&self.verified), verify_failures: load(&self.refuted), ..Default::default() };
         for (slot, (tier, s)) in out.tiers.iter_mut().zip(&self.tiers.tiers) {
             *slot = Some(TierCounts {
                 name: tier.name(),
@@ -130,38 +165,78 @@ impl Store {
     /// The stored blocks that continue `ids` from position `start` (a block boundary) up to
     /// position `max`, in order, as `(tier, key, positions stored)`: whole blocks while a tier
     /// holds them, then the longest stored part of the next (token exact: its tokens are the
-    /// ids', possibly past `max`, of which only those before `max` are used). Nothing is read.
+    /// ids', possibly past `max`, of which only those before `max` are used). Nothing is read;
+    /// each tier is asked twice at most (the whole blocks, then the parts of the next).
     pub fn find(&self, ids: &[u32], start: usize, max: usize) -> Vec<(usize, BlockKey, usize)> {
         let k = &self.tiers.keying;
-        let b = k.block;
+        let (b, end) = (k.block, max.min(ids.len()));
+        if start >= end {
+            return vec![];
+        }
         let keys = k.chain(ids);
-        let mut out = vec![];
-        let mut j = start / b;
-        while j * b < max.min(ids.len()) {
-            let parent = if j == 0 { BlockKey::ROOT } else { keys[j - 1] };
-            let found = (1..=b.min(ids.len() - j * b)).rev().find_map(|n| {
-                let key = if n == b { keys[j] } else { k.key(parent, j * b, &ids[j * b..j * b + n]) };
-                self.tiers.tiers.iter().position(|(t, _)| t.has(key)).map(|tier| (tier, key, n))
-            });
-            let Some((tier, key, n)) = found else { break };
-            out.push((tier, key, n));
-            if n < b || (j + 1) * b >= max {
-                break;
+        // Whole blocks from start/B, as far as the ids have them (the last may pass `max`).
+        let whole: Vec<BlockKey> = keys[(start / b).min(keys.len())..keys.len().min(end.div_ceil(b))].to_vec();
+        let holders = self.holders(&whole);
+        let mut out: Vec<(usize, BlockKey, usize)> = vec![];
+        for (key, tier) in whole.iter().zip(holders) {
+            match tier {
+                Some(t) => out.push((t, *key, b)),
+                None => break,
             }
-            j += 1;
+        }
+        let j = start / b + out.len();
+        if j * b >= end {
+            return out;
+        }
+        // The next block in part: the longest stored prefix of its tokens, from the ids'.
+        let parent = if j == 0 { BlockKey::ROOT } else { keys[j - 1] };
+        let parts: Vec<(BlockKey, usize)> = (1..b.min(ids.len() - j * b) + 1)
+            .rev()
+            .filter(|&n| n < b)
+            .map(|n| (k.key(parent, j * b, &ids[j * b..j * b + n]), n))
+            .collect();
+        let holders = self.holders(&parts.iter().map(|&(key, _)| key).collect::<Vec<_>>());
+        if let Some(((key, n), t)) = parts.iter().zip(holders).find_map(|(p, t)| t.map(|t| (p, t))) {
+            out.push((t, *key, *n));
         }
         out
     }
 
-    /// Reads the blocks [`Store::find`] found, in order, checking each; a block refused (its
-    /// header, length, checksum or key) is counted, removed, and ends the run, as does one its
-    /// tier no longer gives.
+    /// For each key, the first tier that holds it.
+    fn holders(&self, keys: &[BlockKey]) -> Vec<Option<usize>> {
+        let mut out = vec![None; keys.len()];
+        for (i, (tier, _)) in self.tiers.tiers.iter().enumerate() {
+            let ask: Vec<BlockKey> = keys.iter().zip(&out).filter(|(_, h)| h.is_none()).map(|(&k, _)| k).collect();
+            if ask.is_empty() {
+                break;
+            }
+            let mut has = tier.has_many(&ask).into_iter();
+            for h in out.iter_mut().filter(|h| h.is_none()) {
+                if has.next().unwrap_or(false) {
+                    *h = Some(i);
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads the blocks [`Store::find`] found, in order (each tier's in one request), checking
+    /// each; a block refused (its header, length, checksum or key) is counted, removed, and ends
+    /// the run, as does one its tier no longer gives.
     pub fn load(&self, found: &[(usize, BlockKey, usize)]) -> Vec<(usize, Entry)> {
         let t = &self.tiers;
+        let mut bytes: Vec<Option<Vec<u8>>> = vec![None; found.len()];
+        for (i, (tier, _)) in t.tiers.iter().enumerate() {
+            let mine: Vec<usize> = (0..found.len()).filter(|&f| found[f].0 == i).collect();
+            let got = tier.get_many(&mine.iter().map(|&f| found[f].1).collect::<Vec<_>>());
+            for (f, g) in mine.into_iter().zip(got) {
+                bytes[f] = g;
+            }
+        }
         let mut out = vec![];
-        for &(i, key, _) in found {
+        for (&(i, key, _), bytes) in found.iter().zip(bytes) {
             let (tier, stats) = &t.tiers[i];
-            let Some(bytes) = tier.get(key) else { break };
+            let Some(bytes) = bytes else { break };
             match decode(&bytes, &t.keying, t.shape, key) {
                 Ok(entry) => {
                     stats.hits.fetch_add(1, Ordering::Relaxed);

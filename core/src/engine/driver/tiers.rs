@@ -6,6 +6,7 @@
 use super::Engine;
 use crate::kv_cache::KvCache;
 use crate::prefix_cache::Change;
+use crate::store::Entry;
 
 impl Engine {
     /// Hands the store the blocks of every prefix the prompt cache stored (`changes`).
@@ -56,14 +57,51 @@ impl Engine {
         if kv.map_prefix(&self.cache.blocks_of(ids, start), start).is_err() {
             return;
         }
-        for (_, e) in store.load(found) {
-            if kv.append_held(&e.words, e.tokens.len()).is_err() {
+        let loaded = store.load(found);
+        let mut i = 0;
+        'load: while i < loaded.len() {
+            // The next run of blocks to prove is proved in one forward (at --kv-verify 1, all).
+            let run = loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count().max(1);
+            let good = if store.proves(loaded[i].1.key) { self.proved(&kv, ids, &loaded[i..i + run]) } else { run };
+            for (_, e) in &loaded[i..i + good] {
+                if kv.append_held(&e.words, e.tokens.len()).is_err() {
+                    break 'load; // the pool is full: what is appended so far is used
+                }
+            }
+            if good < run {
+                let (tier, e) = &loaded[i + good];
+                store.refuted(*tier, e.key);
                 break;
             }
+            i += run;
         }
         kv.truncate(max); // a stored block may go past the last prompt token
         if kv.len() > ram {
             self.cache.insert(&ids[..kv.len()], &kv);
         }
+    }
+
+    /// How many of the stored blocks `run` (consecutive, after what `kv` holds) recomputing
+    /// their positions in one forward gives exactly (`--kv-verify`): the blocks before the first
+    /// that differs. None proved when the pool has no blocks to recompute them in (they are then
+    /// not used: a store costs speed, never an answer).
+    fn proved(&mut self, kv: &KvCache, ids: &[u32], run: &[(usize, Entry)]) -> usize {
+        let (from, b) = (kv.len(), self.pool.shape().positions);
+        let n: usize = run.iter().map(|(_, e)| e.tokens.len()).sum();
+        let mut check = KvCache::in_pool(&self.pool, &self.runner.model.config, from + n);
+        if check.map_prefix(kv.blocks(), from).is_err()
+            || self.runner.recompute(&ids[from..from + n], &mut check).is_err()
+        {
+            return 0;
+        }
+        let same = |(k, (_, e)): &(usize, &(usize, Entry))| {
+            let rows = check.blocks()[from / b + k].held_rows(e.tokens.len());
+            rows.iter().zip(&e.words).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        let good = run.iter().enumerate().take_while(|x| same(x)).count();
+        for _ in 0..good {
+            self.cfg.store.as_ref().expect("a store").proved();
+        }
+        good
     }
 }
