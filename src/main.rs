@@ -29,6 +29,7 @@ mod errors;
 mod generate;
 mod info;
 mod inspect;
+mod kv_disk;
 mod out;
 mod score;
 mod serve;

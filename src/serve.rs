@@ -33,16 +33,8 @@ pub struct ServeArgs {
     /// context plus --cache-mb.
     #[arg(long, value_name = "MB", value_parser = parse_mb)]
     pub kv_mb: Option<f64>,
-    /// A directory for the K/V blocks the prompt cache holds, written through as they are
-    /// computed and looked up when the prompt cache misses: they outlive the process (a restart
-    /// with the same directory serves known prefixes from disk). Content-addressed and
-    /// checksummed: blocks of another model, --kv-dtype or --kv-block-size are never found.
-    #[arg(long, value_name = "DIR")]
-    pub kv_disk: Option<std::path::PathBuf>,
-    /// Gigabytes (GiB, decimals allowed) the --kv-disk directory may hold; past that the least
-    /// recently used blocks go.
-    #[arg(long, value_name = "GB", default_value = "10", value_parser = parse_gb, requires = "kv_disk")]
-    pub kv_disk_gb: f64,
+    #[command(flatten)]
+    pub kv_disk: crate::kv_disk::KvDiskArgs,
     /// A Redis server (redis://host:port/db) that holds K/V blocks for every replica that names
     /// it: written through as --kv-disk is, looked up after it. Redis down, slow or full costs
     /// speed, never an answer (the server serves from RAM and disk, and reconnects).
@@ -135,13 +127,6 @@ fn parse_share(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_gb(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(gb) if gb.is_finite() && gb > 0.0 && gb <= 1e6 => Ok(gb),
-        _ => Err(format!("'{s}' is not a size in gigabytes: give a number above 0, e.g. 10 or 0.5")),
-    }
-}
-
 pub fn run(a: &ServeArgs) -> Result<()> {
     kvgpt_serve::run(&options(a)?)
 }
@@ -163,7 +148,7 @@ fn options(a: &ServeArgs) -> Result<ServeOptions> {
         parallel: usize::from(a.parallel),
         cache_bytes: a.cache_mb as usize * (1 << 20),
         kv_bytes: a.kv_mb.map(|mb| (mb * (1u64 << 20) as f64) as usize),
-        kv_disk: a.kv_disk.clone().map(|dir| (dir, (a.kv_disk_gb * (1u64 << 30) as f64) as u64)),
+        kv_disk: a.kv_disk.tier(),
         kv_redis: a.kv_redis.clone(),
         kv_verify: a.kv_verify,
         max_queue: a.max_queue as usize,

@@ -124,3 +124,26 @@ fn kv_verify_proves_stored_blocks_by_recomputing_them() {
     assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (0.0, 1.0));
     assert!(s.log_lines(1, |l| l.contains("is not what recomputing it gives")).len() == 1);
 }
+
+/// One store for the command line and the server: `generate --kv-disk` computes HF's prompt
+/// once, its next run reuses it from disk, and a server on the same directory serves it from there
+/// too — each time HF's greedy answer.
+#[test]
+fn generate_and_serve_share_one_disk_tier() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    let d = dir.path().to_str().unwrap();
+    let n = p.greedy_ids.len().to_string();
+    for (run, reused) in [("first", 0), ("second", p.ids.len() - 1)] {
+        let j = common::server::generate(&[&p.text, "-n", &n, "--ignore-eos", "--kv-disk", d]);
+        assert_eq!(ids_of(&j["generated_ids"]), p.greedy_ids, "{run} run");
+        assert_eq!(j["kv_disk"]["reused_tokens"].as_u64().unwrap() as usize, reused, "{run} run");
+    }
+    let s = Server::start(&["--kv-disk", d]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "the server reuses what generate computed");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["generate", "Hi", "--model", common::fixture_dir().to_str().unwrap(), "--no-cache", "--kv-disk", d])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--kv-disk reuses and keeps K/V"), "{err}");
+}

@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt_core::stop::TextStream;
 use kvgpt_core::units::count;
-use kvgpt_core::{generate_text, prompt_file, GenerateOptions, Generation, Loaded, Sequence, Step, Tokenizer};
+use kvgpt_core::{generate_text, prompt_file, GenerateOptions, Generation, KvCache, Loaded, Sequence, Step, Tokenizer};
 use report::{LogprobEntry, Report};
 use serde_json::json;
 use std::io::Write;
@@ -49,12 +49,17 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "no_cache")]
     pub prompt_cache: Option<PathBuf>,
     #[command(flatten)]
+    pub kv_disk: crate::kv_disk::KvDiskArgs,
+    #[command(flatten)]
     pub draft: DraftArgs,
 }
 
 fn checked_stops(a: &GenerateArgs) -> Result<()> {
     if a.stop.iter().any(String::is_empty) {
         bail!("--stop needs a non-empty string");
+    }
+    if a.no_cache && a.kv_disk.kv_disk.is_some() {
+        bail!("--kv-disk reuses and keeps K/V, which --no-cache does not hold: drop one of them");
     }
     if a.no_cache && (a.draft.draft.is_some() || a.draft.draft_model.is_some()) {
         bail!("--draft needs the KV cache (a verify step rolls it back); drop --no-cache");
@@ -78,6 +83,14 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     };
     let mut seq = Sequence::new(&loaded.model, &ids, opts.max_new_tokens, opts.sampling)?;
     let saved = restore_prompt_cache(a, &loaded, &ids, &mut seq)?;
+    let store = a.kv_disk.open(&loaded.model)?;
+    if let Some(store) = &store {
+        let mut kv = KvCache::in_pool(seq.cache().pool(), &loaded.model.config, ids.len());
+        let n = store.restore(&ids, &mut kv);
+        if n > 0 && seq.cache().is_empty() {
+            seq.map_prefix(kv.blocks(), n)?;
+        }
+    }
     let reused = seq.cache().len();
     let drafting = a.draft.load(&a.model, &loaded)?;
     if let Some(d) = &drafting {
@@ -88,6 +101,13 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         if saved.as_deref() != Some(&ids[..]) {
             prompt_file::save(file, &loaded.model, &ids, seq.cache())?;
         }
+    }
+    if let Some(store) = &store {
+        // The prompt (its last block in part, as the server stores it: the next run with this
+        // prompt finds it token exact), then all that was computed; written by the time the store
+        // is dropped.
+        store.save(&ids, seq.cache());
+        store.save(seq.ids(), seq.cache());
     }
     let draft_stats = seq.speculation().map(|s| s.stats);
     let report = Report {

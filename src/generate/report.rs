@@ -49,7 +49,7 @@ pub struct Report<'a> {
     pub text: &'a str,
     pub logprobs: &'a [LogprobEntry],
     pub opts: &'a GenerateOptions,
-    /// Prompt tokens restored from `--prompt-cache`.
+    /// Prompt tokens restored from `--prompt-cache` or `--kv-disk`.
     pub reused: usize,
     pub drafting: Option<(&'a Drafting, DraftStats)>,
     pub load_ms: f64,
@@ -90,6 +90,7 @@ impl Report<'_> {
             "isa": model.isa().name(),
             "use_cache": self.opts.use_cache,
             "prompt_cache": a.prompt_cache.as_ref().map(|f| json!({"file": f, "reused_tokens": self.reused})),
+            "kv_disk": a.kv_disk.kv_disk.as_ref().map(|d| json!({"dir": d, "reused_tokens": self.reused})),
             "speculative": self.drafting.map(|(d, s)| d.json(Some(s))),
             "timings": {
                 "load_ms": self.load_ms,
@@ -133,6 +134,9 @@ impl Report<'_> {
                 self.reused,
                 g.prompt_ids.len()
             );
+        }
+        if let Some(d) = &self.a.kv_disk.kv_disk {
+            errln!("[kvgpt] K/V disk {}: reused {} of {} prompt tokens", d.display(), self.reused, g.prompt_ids.len());
         }
         if let Some((d, s)) = self.drafting {
             errln!(

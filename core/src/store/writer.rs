@@ -4,7 +4,7 @@
 
 use super::entry::{decode, encode, Entry, Refusal};
 use super::{BlockKey, Keying, Tier};
-use crate::kv_cache::{Block, BlockShape};
+use crate::kv_cache::{Block, BlockShape, KvCache};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -128,6 +128,27 @@ impl Store {
 
     pub fn keying(&self) -> Keying {
         self.tiers.keying
+    }
+
+    /// Fills the empty `cache` with what the tiers hold of `ids` (at most all but the last token,
+    /// for its logits), for a command that decodes alone: the positions restored.
+    pub fn restore(&self, ids: &[u32], cache: &mut KvCache) -> usize {
+        let max = ids.len().saturating_sub(1);
+        if cache.is_empty() {
+            for (_, e) in self.load(&self.find(ids, 0, max)) {
+                if cache.append_held(&e.words, e.tokens.len()).is_err() {
+                    break;
+                }
+            }
+            cache.truncate(max);
+        }
+        cache.len()
+    }
+
+    /// Hands the writer every block `cache` holds of `ids` (from the first position).
+    pub fn save(&self, ids: &[u32], cache: &KvCache) {
+        let n = cache.len().min(ids.len());
+        self.write_through(&ids[..n], 0, cache.blocks()[..cache.shape().blocks_for(n)].to_vec());
     }
 
     /// What each tier did so far, and holds now.
