@@ -67,3 +67,28 @@ fn the_disk_tier_keeps_the_most_recently_used_within_its_budget_across_a_restart
     assert_eq!(again.get(key(4)), Some(vec![4; 100]));
     assert!(!dir.path().join("01").join("left.by.a.crash.tmp").exists(), "a crash's temporary file is gone");
 }
+
+#[test]
+fn a_store_written_through_gives_blocks_back_token_exact_and_skips_past_its_limit() {
+    let (dir, b) = (tempfile::tempdir().unwrap(), 4);
+    let ids: Vec<u32> = (10..20).collect();
+    let cache = cache_in_blocks(&ids, b);
+    let shape = BlockShape::of(&cfg(), KvSpec::new(b).unwrap());
+    let tiers: Vec<Box<dyn Tier>> = vec![Box::new(DiskTier::open(dir.path(), 1 << 20).unwrap())];
+    let store = Store::new(keying(b), shape, tiers).unwrap();
+    store.limit_inflight(2);
+    store.save(&ids, &cache); // three blocks: more than may wait
+    assert_eq!(store.counts().tiers[0].unwrap().skipped, 3);
+    store.limit_inflight(8);
+    store.save(&ids[..6], &cache); // a whole block and half of the next
+    drop(store);
+    let tiers: Vec<Box<dyn Tier>> = vec![Box::new(DiskTier::open(dir.path(), 1 << 20).unwrap())];
+    let store = Store::new(keying(b), shape, tiers).unwrap();
+    let mut back = crate::kv_cache::KvCache::with_spec(&cfg(), 16, KvSpec::new(b).unwrap());
+    // Asked for all ten: the six stored, up to the first position not stored.
+    assert_eq!(store.restore(&ids, &mut back), 6);
+    assert!(back.same_bits(&cache, 6));
+    let mut other = crate::kv_cache::KvCache::with_spec(&cfg(), 16, KvSpec::new(b).unwrap());
+    let differs: Vec<u32> = [10, 11, 12, 13, 14, 99].to_vec();
+    assert_eq!(store.restore(&differs, &mut other), 4, "the part of the second block is another prompt's");
+}

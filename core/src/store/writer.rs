@@ -5,7 +5,7 @@
 use super::entry::{decode, encode, Entry, Refusal};
 use super::{BlockKey, Keying, Tier};
 use crate::kv_cache::{Block, BlockShape, KvCache};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -56,6 +56,9 @@ struct Tiers {
     keying: Keying,
     shape: BlockShape,
     tiers: Vec<(Box<dyn Tier>, TierStats)>,
+    /// Blocks handed to the writer and not yet written, and the most there may be.
+    inflight: AtomicUsize,
+    max_inflight: AtomicUsize,
 }
 
 /// Blocks of `ids` (a prefix the prompt cache stored), from logical block `first` on, to write.
@@ -87,12 +90,14 @@ impl Store {
     pub fn new(keying: Keying, shape: BlockShape, tiers: Vec<Box<dyn Tier>>) -> std::io::Result<Store> {
         assert!(tiers.len() <= MAX_TIERS, "at most {MAX_TIERS} tiers");
         let tiers = tiers.into_iter().map(|t| (t, TierStats::default())).collect();
-        let tiers = Arc::new(Tiers { keying, shape, tiers });
+        let (inflight, max_inflight) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
+        let tiers = Arc::new(Tiers { keying, shape, tiers, inflight, max_inflight });
         let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         let t = tiers.clone();
         let writer = std::thread::Builder::new().name("kvgpt-store".into()).spawn(move || {
             for job in rx {
                 t.write(&job);
+                t.inflight.fetch_sub(job.blocks.len(), Ordering::Relaxed);
             }
         })?;
         let (verified, refuted) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -174,13 +179,23 @@ impl Store {
     /// Hands the writer the blocks of `ids` from position `from` on (`blocks`: logical blocks
     /// `from / B ..`), to write those a tier does not hold; skipped, and counted, when it is behind.
     pub fn write_through(&self, ids: &[u32], from: usize, blocks: Vec<Arc<Block>>) {
-        let n = blocks.len() as u64;
-        let job = Job { ids: ids.to_vec(), first: from / self.tiers.keying.block, blocks };
-        if let Some(Err(TrySendError::Full(_))) = self.tx.as_ref().map(|tx| tx.try_send(job)) {
-            for (_, s) in &self.tiers.tiers {
-                s.skipped.fetch_add(n, Ordering::Relaxed);
+        let (t, n) = (&self.tiers, blocks.len());
+        let room = t.inflight.load(Ordering::Relaxed) + n <= t.max_inflight.load(Ordering::Relaxed);
+        let job = Job { ids: ids.to_vec(), first: from / t.keying.block, blocks };
+        t.inflight.fetch_add(n, Ordering::Relaxed);
+        if !room || matches!(self.tx.as_ref().map(|tx| tx.try_send(job)), Some(Err(TrySendError::Full(_)))) {
+            t.inflight.fetch_sub(n, Ordering::Relaxed);
+            for (_, s) in &t.tiers {
+                s.skipped.fetch_add(n as u64, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Lets at most `blocks` blocks wait for the writer (a share of the pool they are held in:
+    /// a slow tier must not keep the pool's blocks from the running sequences); past that, a
+    /// write is skipped and counted.
+    pub fn limit_inflight(&self, blocks: usize) {
+        self.tiers.max_inflight.store(blocks.max(1), Ordering::Relaxed);
     }
 
     /// The stored blocks that continue `ids` from position `start` (a block boundary) up to

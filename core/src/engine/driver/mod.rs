@@ -52,6 +52,9 @@ impl Engine {
         (pool, inflight): (Pool, Arc<AtomicUsize>),
         kv_events: Option<KvEventSink>,
     ) -> Engine {
+        if let Some(store) = &cfg.store {
+            store.limit_inflight(pool.total_blocks() / 8); // a slow tier holds at most an eighth of the pool
+        }
         let mut cache = PrefixCache::new(cfg.cache_bytes);
         if kv_events.is_some() || cfg.store.is_some() {
             cache.keep_journal(); // the events and the writes through are made from it
