@@ -18,10 +18,16 @@ fn prompt() -> RefPrompt {
 
 /// The server's greedy answer to `p` and how many prompt tokens it did not compute.
 fn ask(s: &Server, p: &RefPrompt) -> (Vec<u32>, u64) {
+    let (ids, cached, _) = ask_tiers(s, p);
+    (ids, cached)
+}
+
+/// [`ask`], and where the usage says the reused positions came from.
+fn ask_tiers(s: &Server, p: &RefPrompt) -> (Vec<u32>, u64, serde_json::Value) {
     let n = p.greedy_ids.len();
     let v = s.complete(&json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1}));
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    (ids_of(&v["choices"][0]["logprobs"]["token_ids"]), cached)
+    (ids_of(&v["choices"][0]["logprobs"]["token_ids"]), cached, v["usage"]["prompt_cache"]["tiers"].clone())
 }
 
 /// A server on the disk tier `dir` (and `extra` flags) answers `p` once and exits, its writes done.
@@ -43,7 +49,10 @@ fn a_restarted_server_serves_the_prefix_from_disk_token_exact_with_hfs_answer() 
     // Five whole blocks of 16 and the prompt's last 8 positions (a partial block), as written.
     assert!(files(dir.path()).len() >= 6, "{:?}", files(dir.path()));
     let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
-    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "all but the last prompt token from disk");
+    let tiers = json!({"ram": 0, "disk": 87, "redis": 0, "verified": 0});
+    assert_eq!(ask_tiers(&s, &p), (p.greedy_ids.clone(), 87, tiers), "all but the last prompt token from disk");
+    let again = json!({"ram": 87, "disk": 0, "redis": 0, "verified": 0});
+    assert_eq!(ask_tiers(&s, &p).2, again, "then from RAM");
     assert_eq!(s.metric("kvgpt_kv_store_hit_blocks_total"), 6.0);
     assert_eq!(s.metric("kvgpt_kv_store_refused_blocks_total"), 0.0);
 }
@@ -100,7 +109,8 @@ fn kv_verify_proves_stored_blocks_by_recomputing_them() {
     fill(dir.path(), &p);
     let d = dir.path().to_str().unwrap();
     let s = Server::start(&["--kv-disk", d, "--kv-verify", "1"]);
-    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "an honest store: every block proved, and used");
+    let tiers = json!({"ram": 0, "disk": 87, "redis": 0, "verified": 87});
+    assert_eq!(ask_tiers(&s, &p), (p.greedy_ids.clone(), 87, tiers), "an honest store: every block proved, and used");
     assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (6.0, 0.0));
     assert!(s.terminate().success());
     for f in files(dir.path()) {

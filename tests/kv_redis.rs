@@ -47,7 +47,11 @@ fn a_replica_serves_from_redis_the_prefix_another_computed() {
     }
     assert_eq!(redis.keys(), 9);
     let b = Server::start(&["--kv-redis", &redis.url()]);
-    assert_eq!(ask(&b, &p), (p.greedy_ids.clone(), 87), "B reuses all but the last prompt token");
+    let n = p.greedy_ids.len();
+    let v = b.complete(&json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1}));
+    assert_eq!(ids_of(&v["choices"][0]["logprobs"]["token_ids"]), p.greedy_ids);
+    let tiers = json!({"ram": 0, "disk": 0, "redis": 87, "verified": 0});
+    assert_eq!(v["usage"]["prompt_cache"]["tiers"], tiers, "B reuses all but the last prompt token, from Redis");
     assert_eq!(b.metric("kvgpt_kv_store_hit_blocks_total{tier=\"redis\"}"), 6.0);
     assert_eq!(b.metric("kvgpt_kv_store_up{tier=\"redis\"}"), 1.0);
 }

@@ -4,6 +4,7 @@
 //! response's `usage`; `kvgpt cache diff` prints it for prompt files.
 
 use crate::prefix_cache::{ReuseStop, StopReason};
+use crate::store::TierReuse;
 use crate::tokenizer::Tokenizer;
 use serde::Serialize;
 
@@ -41,6 +42,9 @@ pub struct Report {
     pub cached_token: Option<TokenRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<Context>,
+    /// Where the reused positions came from (with `--kv-disk` or `--kv-redis`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tiers: Option<TierReuse>,
 }
 
 impl Report {
@@ -56,6 +60,7 @@ impl Report {
             new_token: token(stop.new_token),
             cached_token: token(stop.cached_token),
             context: None,
+            tiers: stop.tiers,
         };
         if context {
             let cached: Vec<u32> = stop.cached_token.into_iter().chain(stop.cached_after.iter().copied()).collect();

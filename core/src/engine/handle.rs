@@ -59,7 +59,11 @@ impl EngineHandle {
         for req in reqs {
             let id: SeqId = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = unbounded_channel();
-            if self.tx.send(Command::Submit(Waiting { id, req, events, submitted, looked_down: false })).is_err() {
+            if self
+                .tx
+                .send(Command::Submit(Waiting { id, req, events, submitted, looked_down: false, loaded: None }))
+                .is_err()
+            {
                 self.inflight.fetch_sub(n - out.len(), Ordering::Relaxed);
                 return Err(SubmitError::Stopped);
             }

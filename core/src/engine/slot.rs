@@ -5,6 +5,7 @@ use super::policy::{Phase, SlotView};
 use super::request::{Event, Request, SeqId, Usage};
 use crate::prefix_cache::{Hold, ReuseStop};
 use crate::sequence::Sequence;
+use crate::store::TierReuse;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -14,8 +15,10 @@ pub(super) struct Waiting {
     pub req: Request,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
-    /// Whether the store was asked for its prompt's prefix.
+    /// Whether the store was asked for its prompt's prefix, and what it loaded (from which
+    /// position, how many from each tier).
     pub looked_down: bool,
+    pub loaded: Option<(usize, TierReuse)>,
 }
 
 impl Waiting {
@@ -38,6 +41,8 @@ pub(super) struct Slot {
     /// The prompt-cache prefix it started from, held until it finishes.
     pub hold: Option<Hold>,
     pub cached: usize,
+    /// What the store loaded for its prompt (see [`Waiting::loaded`]).
+    pub loaded: Option<(usize, TierReuse)>,
     /// Positions of its ids given to the prompt cache (their whole blocks shared).
     pub shared: usize,
     /// Where its lookup in the prompt cache stopped (None with the cache off).
@@ -61,6 +66,7 @@ impl Slot {
             events: w.events,
             hold: None,
             cached: 0,
+            loaded: w.loaded,
             shared: 0,
             reuse: None,
             submitted: w.submitted,

@@ -3,6 +3,7 @@
 //! the answer to "why did this request recompute its prompt?".
 
 use super::PrefixCache;
+use crate::store::TierReuse;
 use serde::Serialize;
 
 /// Tokens of the cached side shown after the stop, for context.
@@ -51,6 +52,8 @@ pub struct ReuseStop {
     pub cached_token: Option<u32>,
     /// Up to eight tokens the cache holds after `cached_token` on that continuation.
     pub cached_after: Vec<u32>,
+    /// Where the reused positions came from, when there are tiers under the prompt cache.
+    pub tiers: Option<TierReuse>,
 }
 
 impl PrefixCache {
@@ -86,6 +89,6 @@ impl PrefixCache {
             Some(_) => StopReason::Differs,
         };
         let cached_after = cached.get(1..).map(<[u32]>::to_vec).unwrap_or_default();
-        ReuseStop { reused: len, reason, new_token, cached_token, cached_after }
+        ReuseStop { reused: len, reason, new_token, cached_token, cached_after, tiers: None }
     }
 }

@@ -49,6 +49,42 @@ pub trait Tier: Send + Sync {
     }
 }
 
+/// Where a prompt's reused positions came from: the prompt cache in RAM, or a tier under it
+/// (loaded into the pool for this request), and how many of the loaded ones were proved by
+/// recomputation (`--kv-verify`). Positions, not blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TierReuse {
+    pub ram: usize,
+    pub disk: usize,
+    pub redis: usize,
+    pub verified: usize,
+}
+
+impl TierReuse {
+    /// Counts `n` positions from the tier named `tier`.
+    pub fn add(&mut self, tier: &str, n: usize) {
+        match tier {
+            "disk" => self.disk += n,
+            "redis" => self.redis += n,
+            _ => self.ram += n,
+        }
+    }
+
+    /// Of `reused` positions, those the tiers gave (this loaded, from `start` on) and the rest
+    /// from RAM: a lookup may reuse less than was loaded (the tiers' counts cut in order).
+    pub fn of(&self, start: usize, reused: usize) -> TierReuse {
+        let mut left = reused.saturating_sub(start);
+        let mut take = |n: usize| {
+            let t = n.min(left);
+            left -= t;
+            t
+        };
+        let (disk, redis) = (take(self.disk), take(self.redis));
+        let verified = self.verified.min(disk + redis);
+        TierReuse { ram: reused - disk - redis, disk, redis, verified }
+    }
+}
+
 /// A block's content address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockKey(pub [u8; 32]);

@@ -131,6 +131,11 @@ impl Store {
         t.remove(key);
     }
 
+    /// The name of tier `i` (in lookup order).
+    pub fn tier_name(&self, i: usize) -> &'static str {
+        self.tiers.tiers[i].0.name()
+    }
+
     pub fn keying(&self) -> Keying {
         self.tiers.keying
     }

@@ -243,9 +243,13 @@ impl Engine {
     fn start(&mut self, id: u64, cached: usize, monitor: &mut dyn Monitor) {
         let Some(i) = self.slots.iter().position(|s| s.id == id) else { return };
         let s = &mut self.slots[i];
-        let found = self.cache.lookup_upto(s.seq.ids(), cached);
+        let mut found = self.cache.lookup_upto(s.seq.ids(), cached);
         let restored = s.seq.map_prefix(&found.blocks, found.len);
         if s.first_token.is_none() {
+            if self.cfg.store.is_some() {
+                let (start, loaded) = s.loaded.unwrap_or_default();
+                found.stop.tiers = Some(loaded.of(start, found.len));
+            }
             s.reuse = (self.cfg.cache_bytes > 0).then_some(found.stop);
             (s.cached, s.hold) = (found.len, Some(found.hold));
         } else {

@@ -6,7 +6,7 @@
 use super::Engine;
 use crate::kv_cache::KvCache;
 use crate::prefix_cache::Change;
-use crate::store::Entry;
+use crate::store::{Entry, TierReuse};
 
 impl Engine {
     /// Hands the store the blocks of every prefix the prompt cache stored (`changes`).
@@ -33,39 +33,48 @@ impl Engine {
         let mut prompts = vec![];
         for w in self.waiting.iter_mut().take(free).filter(|w| !w.looked_down) {
             w.looked_down = true;
-            prompts.push(w.req.prompt.clone());
+            prompts.push((w.id, w.req.prompt.clone()));
         }
-        for ids in prompts {
-            self.load_prefix(&ids);
+        for (id, ids) in prompts {
+            let loaded = self.load_prefix(&ids);
+            if let Some(w) = self.waiting.iter_mut().find(|w| w.id == id) {
+                w.loaded = loaded;
+            }
         }
     }
 
     /// Loads the stored blocks that continue the prompt cache's prefix of `ids` (from its last
-    /// whole block; at most all but the last token) into the pool, and gives them to the tree.
-    fn load_prefix(&mut self, ids: &[u32]) {
+    /// whole block; at most all but the last token) into the pool, and gives them to the tree:
+    /// from which position, and how many positions each tier gave.
+    fn load_prefix(&mut self, ids: &[u32]) -> Option<(usize, TierReuse)> {
         let store = self.cfg.store.clone().expect("a store");
         let (b, max) = (self.pool.shape().positions, ids.len().saturating_sub(1));
         let ram = self.cache.peek(ids);
         let start = ram / b * b;
         let found = store.find(ids, start, max);
         if (start + found.iter().map(|&(_, _, n)| n).sum::<usize>()).min(max) <= ram {
-            return;
+            return None;
         }
         while self.pool.free_blocks() < found.len() && self.cache.evict_for_pool() {}
         let found = &found[..found.len().min(self.pool.free_blocks())];
         let mut kv = KvCache::in_pool(&self.pool, &self.runner.model.config, ids.len());
         if kv.map_prefix(&self.cache.blocks_of(ids, start), start).is_err() {
-            return;
+            return None;
         }
         let loaded = store.load(found);
+        let mut gave = TierReuse::default();
         let mut i = 0;
         'load: while i < loaded.len() {
             // The next run of blocks to prove is proved in one forward (at --kv-verify 1, all).
             let run = loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count().max(1);
             let good = if store.proves(loaded[i].1.key) { self.proved(&kv, ids, &loaded[i..i + run]) } else { run };
-            for (_, e) in &loaded[i..i + good] {
+            for (tier, e) in &loaded[i..i + good] {
                 if kv.append_held(&e.words, e.tokens.len()).is_err() {
                     break 'load; // the pool is full: what is appended so far is used
+                }
+                gave.add(store.tier_name(*tier), e.tokens.len());
+                if store.proves(e.key) {
+                    gave.verified += e.tokens.len();
                 }
             }
             if good < run {
@@ -76,9 +85,11 @@ impl Engine {
             i += run;
         }
         kv.truncate(max); // a stored block may go past the last prompt token
-        if kv.len() > ram {
-            self.cache.insert(&ids[..kv.len()], &kv);
+        if kv.len() <= ram {
+            return None;
         }
+        self.cache.insert(&ids[..kv.len()], &kv);
+        Some((start, gave))
     }
 
     /// How many of the stored blocks `run` (consecutive, after what `kv` holds) recomputing
