@@ -1,7 +1,8 @@
 //! `kvgpt cache diff A B …`: prompt files sent in order through one prompt cache, as a server
 //! would see them, offline: for each, where reuse stopped and why, the token on each side of the
 //! stop with the text around it, how many positions were computed because of it, and the prefill
-//! time with what was reused against from nothing.
+//! time with what was reused against from nothing. `kvgpt cache verify DIR`: a --kv-disk
+//! directory checked offline, every block proved by recomputation.
 
 use crate::common::{load, print_json, prompt_ids, read_prompt_file, ModelArgs, Outcome};
 use anyhow::{bail, Result};
@@ -16,6 +17,22 @@ pub enum CacheCmd {
     /// Send prompt files in order through one prompt cache: where reuse stopped for each, the
     /// first differing token on each side with the text around it, and what it cost.
     Diff(DiffArgs),
+    /// Check a --kv-disk directory offline: every block of this model's K/V is read, checked
+    /// and proved by recomputing it after the blocks before it; exit status 1 if any differs or
+    /// is damaged (nothing is changed).
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The directory `serve --kv-disk` or `generate --kv-disk` keeps.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -34,6 +51,7 @@ impl CacheCmd {
     pub fn model_args(&self) -> &ModelArgs {
         match self {
             CacheCmd::Diff(a) => &a.model,
+            CacheCmd::Verify(a) => &a.model,
         }
     }
 }
@@ -72,7 +90,44 @@ fn bar(reused: usize, n: usize) -> String {
 }
 
 pub fn run(cmd: &CacheCmd) -> Result<Outcome> {
-    let CacheCmd::Diff(a) = cmd;
+    match cmd {
+        CacheCmd::Diff(a) => diff(a),
+        CacheCmd::Verify(a) => verify(a),
+    }
+}
+
+/// `kvgpt cache verify DIR`.
+fn verify(a: &VerifyArgs) -> Result<Outcome> {
+    if !a.dir.is_dir() {
+        bail!("{}: no such directory (give the one --kv-disk names)", a.dir.display());
+    }
+    let loaded = load(&a.model)?;
+    let r = kvgpt_core::store::audit(&loaded.model, &a.dir)?;
+    let hex = |k: &kvgpt_core::store::BlockKey| k.hex();
+    if a.json {
+        let damaged: Vec<_> = r.damaged.iter().map(|(k, why)| json!({"key": hex(k), "reason": why.as_str()})).collect();
+        print_json(&json!({"dir": a.dir.display().to_string(), "proved": r.proved,
+            "differ": r.differ.iter().map(hex).collect::<Vec<_>>(), "damaged": damaged,
+            "other_models": r.others, "orphans": r.orphans}))?;
+    } else {
+        outln!("{}: {} blocks of this model proved by recomputation", a.dir.display(), r.proved);
+        for k in &r.differ {
+            outln!("  DIFFERS from what this model computes: {}", hex(k));
+        }
+        for (k, why) in &r.damaged {
+            outln!("  DAMAGED ({}): {}", why.as_str(), hex(k));
+        }
+        outln!(
+            "{} of other models, K/V types or block sizes left alone; {} whose chain is incomplete (not provable)",
+            r.others,
+            r.orphans
+        );
+    }
+    Ok(if r.differ.is_empty() && r.damaged.is_empty() { Outcome::Done } else { Outcome::CheckFailed })
+}
+
+/// `kvgpt cache diff A B …`.
+fn diff(a: &DiffArgs) -> Result<Outcome> {
     let texts: Vec<String> = a.files.iter().map(|f| read_prompt_file(f)).collect::<Result<_>>()?;
     let loaded = load(&a.model)?;
     let mut prompts = Vec::with_capacity(texts.len());

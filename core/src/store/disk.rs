@@ -75,6 +75,11 @@ impl DiskTier {
         self.index().files.contains_key(&key)
     }
 
+    /// Every key held.
+    pub fn keys(&self) -> Vec<BlockKey> {
+        self.index().files.keys().copied().collect()
+    }
+
     /// Blocks and bytes held.
     pub fn held(&self) -> (usize, u64) {
         let i = self.index();

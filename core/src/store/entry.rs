@@ -77,6 +77,18 @@ pub(super) fn encode(keying: &Keying, parent: BlockKey, first: usize, tokens: &[
     out
 }
 
+/// Whether `bytes` are a block of this format and version under `keying`, of `shape` (another
+/// model's, type's or block size's are not; nor is anything else).
+pub(super) fn is_of(bytes: &[u8], keying: &Keying, shape: BlockShape) -> bool {
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes")) as usize;
+    bytes.len() >= HEADER
+        && &bytes[..8] == MAGIC
+        && u32_at(8) == VERSION as usize
+        && bytes[12..44] == keying.kv.0
+        && u32_at(44) == keying.block
+        && bytes[48] == type_byte(shape.ty)
+}
+
 /// Reads `bytes` back as the block keyed `key`, for blocks of `shape` under `keying`: checks the
 /// header, the length, the checksum, and that the key made from what it holds is `key`.
 pub(super) fn decode(bytes: &[u8], keying: &Keying, shape: BlockShape, key: BlockKey) -> Result<Entry, Refusal> {

@@ -9,12 +9,14 @@
 //! kvgpt's K/V are the same bits on every machine, thread count and ISA, so a key names exactly
 //! one block of bytes: two writers of the same key write the same bytes.
 
+mod audit;
 mod disk;
 mod entry;
 mod redis;
 mod writer;
 
 pub use self::redis::RedisTier;
+pub use audit::{audit, Audit};
 pub use disk::DiskTier;
 pub use entry::{Entry, Refusal};
 pub use writer::{Store, StoreCounts, TierCounts};
