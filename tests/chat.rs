@@ -402,3 +402,27 @@ fn a_history_that_cannot_be_kept_is_said_and_the_chat_goes_on() {
     assert_eq!(std::fs::read(&config).unwrap(), before);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a folder");
 }
+
+/// `chat --kv-disk`: a conversation computed once is found by the next session that says the
+/// same (the directory `serve` and `generate` keep too): its first turn reuses all but its last
+/// token, and the answer is still HF's.
+#[test]
+fn a_chat_starts_from_what_the_kv_disk_holds() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_string_lossy().into_owned();
+    let t = &chat_reference()[0];
+    let turn_len = t["turn_ids"].as_array().unwrap().len();
+    for (run, want) in [("first", (0, turn_len)), ("second", (turn_len - 1, 1))] {
+        let mut s = Session::start(&["--model", &m, "-n", "8", "--kv-disk", &d]);
+        s.wait_for("> ");
+        s.send(&format!("{}\n", t["line"].as_str().unwrap()));
+        let text = s.wait_for("ended: ");
+        let answer = t["answer_text"].as_str().unwrap();
+        assert!(text.contains(&format!("{answer}\r\n")), "{run}: {answer:?} in {text:?}");
+        assert_eq!(stats(&text), want, "{run} session: {text}");
+        s.wait_for("> ");
+        s.send("/quit\n");
+        assert_eq!(s.exit_code(), Some(0));
+    }
+}

@@ -41,6 +41,8 @@ pub struct ChatArgs {
     /// Keep no input history on disk.
     #[arg(long)]
     pub no_history: bool,
+    #[command(flatten)]
+    pub kv_disk: crate::kv_disk::KvDiskArgs,
 }
 
 pub fn run(a: &ChatArgs) -> Result<Outcome> {
@@ -49,6 +51,9 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
     let (model, tok) = (&loaded.model, &loaded.tokenizer);
     let keep = a.keep.map(|k| k as usize);
     let mut session = Session::new(model, tok, sampling, a.system.clone(), keep).map_err(anyhow::Error::msg)?;
+    if let Some(store) = a.kv_disk.open(model)? {
+        session.chat.keep_in(Arc::new(store)); // a conversation starts from what the directory holds
+    }
     let drafting = a.draft.load(&a.model, &loaded)?;
     let mut inputs = crate::draft::inputs(&a.model, &loaded.files, Some(&a.draft), &[])?;
     let history = if a.no_history { None } else { a.history.clone().or_else(input::default_history) };

@@ -16,7 +16,9 @@ use crate::prompt_file;
 use crate::sampler::Sampling;
 use crate::sequence::Sequence;
 use crate::speculative::{DraftConfig, DraftStats};
+use crate::store::Store;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The conversation is one [`Sequence`] that grows turn by turn: each turn's text is appended as
@@ -27,6 +29,8 @@ pub struct Chat {
     /// Each turn since the conversation began (or was loaded, kept or reset): where its text
     /// starts in the ids and where its answer starts.
     turns: Vec<(usize, usize)>,
+    /// The K/V store (`--kv-disk`) a fresh conversation starts from and every answer goes to.
+    store: Option<Arc<Store>>,
 }
 
 /// Why an answer ended.
@@ -69,7 +73,13 @@ impl Chat {
             seq: Sequence::open(model, sampling),
             scratch: Scratch::new(cfg, CHUNK_ROWS.min(cfg.n_positions)),
             turns: Vec::new(),
+            store: None,
         }
+    }
+
+    /// Starts each fresh conversation from what `store` holds of it, and writes every turn there.
+    pub fn keep_in(&mut self, store: Arc<Store>) {
+        self.store = Some(store);
     }
 
     /// Answers speculatively from now on, with a draft made by `cfg` (the same answers).
@@ -199,11 +209,19 @@ impl Chat {
                 n - self.ids().len()
             )));
         }
-        let reused = self.cached();
         let start = self.ids().len();
         self.seq.append_prompt(new)?;
+        self.restore(model)?;
+        let reused = self.cached();
         self.turns.push((start, self.ids().len()));
-        self.answer(model, reused, max_new, on_token)
+        let turn = self.answer(model, reused, max_new, on_token)?;
+        if let Some(store) = &self.store {
+            // The turn's prompt (its last block in part, found token exact by the next run that
+            // says the same), then the conversation so far.
+            store.save(&self.seq.ids()[..self.turns.last().map_or(0, |t| t.1)], self.seq.cache());
+            store.save(self.seq.ids(), self.seq.cache());
+        }
+        Ok(turn)
     }
 
     /// Drops the last answer and answers its turn again (with sampling, the sampler's next
@@ -224,6 +242,17 @@ impl Chat {
         self.seq.append_prompt(&[last])?;
         let reused = self.cached();
         self.answer(model, reused, max_new, on_token)
+    }
+
+    /// A conversation with nothing cached yet starts from what the store holds of it.
+    fn restore(&mut self, model: &Model) -> Result<()> {
+        let Some(store) = self.store.as_ref().filter(|_| self.seq.cache().is_empty()) else { return Ok(()) };
+        let mut kv = KvCache::in_pool(self.seq.cache().pool(), &model.config, self.seq.ids().len());
+        let n = store.restore(self.seq.ids(), &mut kv);
+        if n > 0 {
+            self.seq.map_prefix(kv.blocks(), n)?;
+        }
+        Ok(())
     }
 
     /// Feeds what is not cached, then answers.
