@@ -13,6 +13,8 @@
 //!   `power_of_two` (which reads `/get_load`): Hugging Face's greedy text.
 //! - A replica draining on SIGTERM says so on `/health`, refuses new work with 503 (the router
 //!   sends it to the other replica), and finishes what it has.
+//! - Two replicas sharing one Redis behind round robin serve each other's prefixes: the fleet's
+//!   hit ratio is cache_aware's.
 //! - The gauges the Inference Extension's endpoint picker reads (vLLM's names) agree with what
 //!   the engine holds (no router needed).
 
@@ -239,6 +241,39 @@ fn replicas_behind_vllm_router_answer_as_one_server_and_prefix_aware_policies_be
     for &(policy, ratio) in &ratios[1..] {
         assert!(ratio > rr + 0.1, "{policy}: hit ratio {ratio:.3} does not beat round robin's {rr:.3}");
     }
+}
+
+/// Two replicas sharing one Redis (a real `redis-server` on loopback) behind round robin: a
+/// replica serves from Redis a system prompt the other computed (its usage says `redis`), so the
+/// fleet's hit ratio is cache_aware's without a prefix-aware router, and every answer is a
+/// single server's.
+#[test]
+fn replicas_sharing_redis_behind_round_robin_serve_each_others_prefixes() {
+    let Some(redis) = common::redis::Redis::start() else { return };
+    if router(Kind::Vllm).is_none() {
+        return;
+    }
+    let shared = ["--kv-redis", &redis.url()];
+    let replicas = [Server::start(&shared), Server::start(&shared)];
+    let alone = Server::start(&[]);
+    let prompts = shared_prefix_prompts(3, 6);
+    let (want, _) = run(&alone.base, &prompts);
+    let router = Router::start(Kind::Vllm, &replicas.iter().collect::<Vec<_>>(), "round_robin", &[]);
+    let (mut cached, mut total, mut from_redis) = (0.0, 0.0, 0);
+    for (p, want) in prompts.iter().zip(&want) {
+        let (code, v) = post(&router.base, "/v1/completions", &json!({"prompt": p, "max_tokens": 6, "temperature": 0}));
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want, "answered otherwise than by a server alone");
+        cached += v["usage"]["prompt_tokens_details"]["cached_tokens"].as_f64().unwrap();
+        total += v["usage"]["prompt_tokens"].as_f64().unwrap();
+        from_redis += usize::from(v["usage"]["prompt_cache"]["tiers"]["redis"] == 48);
+    }
+    // Each group's 48-token prefix (three whole blocks) is computed once in the fleet: the first
+    // question of a group computes it, the other five reuse it from RAM or Redis.
+    let ratio = cached / total;
+    let cache_aware = (48.0 / 54.0) * 5.0 / 6.0;
+    assert!((ratio - cache_aware).abs() < 0.02, "hit ratio {ratio:.3}, cache_aware's would be {cache_aware:.3}");
+    assert!(from_redis >= 3, "{from_redis} requests took their prefix from Redis");
 }
 
 #[test]
