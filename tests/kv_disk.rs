@@ -192,3 +192,19 @@ fn cache_verify_proves_a_directory_offline_and_names_what_is_wrong() {
     assert_eq!(v["differ"], serde_json::json!([stem(0)]), "{v}");
     assert_eq!(v["damaged"], serde_json::json!([{"key": stem(1), "reason": "checksum"}]), "{v}");
 }
+
+/// A disk that refuses writes (here every subdirectory name is taken by a file, as a full disk
+/// would fail them) stops the tier's writing with one warning; the server answers as ever.
+#[test]
+fn a_disk_that_refuses_writes_stops_the_tier_and_costs_no_answer() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    for i in 0..=255u8 {
+        std::fs::write(dir.path().join(format!("{i:02x}")), b"not a directory").unwrap();
+    }
+    let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0));
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 87), "the prompt cache in RAM goes on");
+    assert_eq!(s.log_lines(1, |l| l.contains("stopped writing")).len(), 1, "one warning");
+    assert_eq!(s.metric("kvgpt_kv_store_written_blocks_total"), 0.0);
+    assert!(s.metric("kvgpt_kv_store_skipped_blocks_total") >= 1.0);
+}

@@ -79,3 +79,26 @@ fn redis_killed_mid_run_fails_no_request_and_comes_back() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A full Redis (`--maxmemory 1mb`, `noeviction`: it refuses writes past that) costs no answer:
+/// the writes it refuses are counted as skipped and the tier stays up for reads.
+#[test]
+fn a_full_redis_refuses_writes_and_costs_no_answer() {
+    let Some(redis) = Redis::start_configured(&["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]) else {
+        return;
+    };
+    let s = Server::start(&["--kv-redis", &redis.url()]);
+    for p in &prompts()[..3] {
+        assert_eq!(ask(&s, p).0, p.greedy_ids, "{}", p.key);
+    }
+    wait_metric(&s, "kvgpt_kv_store_up{tier=\"redis\"}", 1.0);
+    let t0 = Instant::now();
+    while s.metric("kvgpt_kv_store_skipped_blocks_total{tier=\"redis\"}") == 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no write was refused");
+        assert_eq!(ask(&s, &prompts()[3]).0, prompts()[3].greedy_ids);
+    }
+    // Said when Redis starts refusing (again, after it took a write in between), not per write.
+    let said = s.log_lines(1, |l| l.contains("refused a command")).len() as f64;
+    let skipped = s.metric("kvgpt_kv_store_skipped_blocks_total{tier=\"redis\"}");
+    assert!(said >= 1.0 && (said < skipped || skipped == 1.0), "{said} warnings for {skipped} refused writes");
+}

@@ -28,8 +28,21 @@ impl Redis {
 
     /// A server on `port` (a restart of one that was stopped there).
     pub fn start_on(port: u16) -> Redis {
+        Redis::start_with(port, &[])
+    }
+
+    /// A server on a free port with these extra settings (e.g. `--maxmemory 1mb`); None as
+    /// [`Redis::start`].
+    pub fn start_configured(extra: &[&str]) -> Option<Redis> {
+        let port = Redis::start()?.port; // checks the server exists; stopped when dropped here
+        std::thread::sleep(Duration::from_millis(100));
+        Some(Redis::start_with(port, extra))
+    }
+
+    fn start_with(port: u16, extra: &[&str]) -> Redis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -23,6 +23,8 @@ pub struct RedisTier {
     read: Mutex<Link>,
     write: Mutex<Link>,
     up: AtomicBool,
+    /// Redis refuses commands (full): said once until one is taken again.
+    refusing: AtomicBool,
 }
 
 /// One connection, or when the next attempt to make one may be.
@@ -39,7 +41,8 @@ impl RedisTier {
         let link = || Mutex::new(Link { conn: None, retry_at: Instant::now() });
         // Host, port and database, for the logs: no scheme (said there), no password.
         let shown = url.split('@').next_back().unwrap_or(url).trim_start_matches("redis://").to_string();
-        let tier = RedisTier { client, shown, read: link(), write: link(), up: AtomicBool::new(true) };
+        let (up, refusing) = (AtomicBool::new(true), AtomicBool::new(false));
+        let tier = RedisTier { client, shown, read: link(), write: link(), up, refusing };
         if !tier.ping() {
             tracing::warn!("the K/V tier redis://{} does not answer yet: serving without it until it does", tier.shown);
         }
@@ -88,7 +91,12 @@ impl RedisTier {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!("the K/V tier redis://{} refused a command: {e}", self.shown);
+                    if !self.refusing.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "the K/V tier redis://{} refused a command ({e}): writes are skipped",
+                            self.shown
+                        );
+                    }
                     return None;
                 }
             }
@@ -146,7 +154,11 @@ impl Tier for RedisTier {
 
     fn put(&self, key: BlockKey, bytes: &[u8]) -> bool {
         let set = |c: &mut Connection| redis::cmd("SET").arg(name(key)).arg(bytes).arg("NX").query::<Option<String>>(c);
-        self.call(&self.write, set).is_some()
+        let stored = self.call(&self.write, set).is_some();
+        if stored {
+            self.refusing.store(false, Ordering::Relaxed); // taking writes again: a refusal is said anew
+        }
+        stored
     }
 
     fn remove(&self, key: BlockKey) {
