@@ -110,6 +110,11 @@ impl Store {
         self
     }
 
+    /// Whether any loaded block is proved (`--kv-verify` above 0).
+    pub fn verifies(&self) -> bool {
+        self.verify > 0.0
+    }
+
     /// Whether the block `key` is to be proved before use: the `--kv-verify` share of keys, by
     /// the key's first bytes (every key at 1, none at 0; the same keys on every replica).
     pub fn proves(&self, key: BlockKey) -> bool {

@@ -55,7 +55,9 @@ impl Engine {
         if (start + found.iter().map(|&(_, _, n)| n).sum::<usize>()).min(max) <= ram {
             return None;
         }
-        while self.pool.free_blocks() < found.len() && self.cache.evict_for_pool() {}
+        // Room for the loaded blocks, and as many again to prove them in (--kv-verify).
+        let need = found.len() * if store.verifies() { 2 } else { 1 };
+        while self.pool.free_blocks() < need && self.cache.evict_for_pool() {}
         let found = &found[..found.len().min(self.pool.free_blocks())];
         let mut kv = KvCache::in_pool(&self.pool, &self.runner.model.config, ids.len());
         if kv.map_prefix(&self.cache.blocks_of(ids, start), start).is_err() {
@@ -67,7 +69,11 @@ impl Engine {
         'load: while i < loaded.len() {
             // The next run of blocks to prove is proved in one forward (at --kv-verify 1, all).
             let run = loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count().max(1);
-            let good = if store.proves(loaded[i].1.key) { self.proved(&kv, ids, &loaded[i..i + run]) } else { run };
+            let proving = store.proves(loaded[i].1.key);
+            // Unproved for want of blocks to recompute in: not used, and not held against the store.
+            let Some(good) = (if proving { self.proved(&kv, ids, &loaded[i..i + run]) } else { Some(run) }) else {
+                break;
+            };
             for (tier, e) in &loaded[i..i + good] {
                 if kv.append_held(&e.words, e.tokens.len()).is_err() {
                     break 'load; // the pool is full: what is appended so far is used
@@ -94,16 +100,16 @@ impl Engine {
 
     /// How many of the stored blocks `run` (consecutive, after what `kv` holds) recomputing
     /// their positions in one forward gives exactly (`--kv-verify`): the blocks before the first
-    /// that differs. None proved when the pool has no blocks to recompute them in (they are then
-    /// not used: a store costs speed, never an answer).
-    fn proved(&mut self, kv: &KvCache, ids: &[u32], run: &[(usize, Entry)]) -> usize {
+    /// that differs. None when they could not be recomputed (no blocks free in the pool to do it
+    /// in): they are then not used, and not counted against the store.
+    fn proved(&mut self, kv: &KvCache, ids: &[u32], run: &[(usize, Entry)]) -> Option<usize> {
         let (from, b) = (kv.len(), self.pool.shape().positions);
         let n: usize = run.iter().map(|(_, e)| e.tokens.len()).sum();
         let mut check = KvCache::in_pool(&self.pool, &self.runner.model.config, from + n);
         if check.map_prefix(kv.blocks(), from).is_err()
             || self.runner.recompute(&ids[from..from + n], &mut check).is_err()
         {
-            return 0;
+            return None;
         }
         let same = |(k, (_, e)): &(usize, &(usize, Entry))| {
             let rows = check.blocks()[from / b + k].held_rows(e.tokens.len());
@@ -113,6 +119,6 @@ impl Engine {
         for _ in 0..good {
             self.cfg.store.as_ref().expect("a store").proved();
         }
-        good
+        Some(good)
     }
 }
