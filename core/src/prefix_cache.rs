@@ -236,11 +236,12 @@ impl PrefixCache {
         self.descend(ids, ids.len().saturating_sub(1)).iter().map(|&(_, take)| take).sum()
     }
 
-    /// The blocks of the cached part of `ids[..len]` (logical `0..`, the last possibly partly
-    /// filled), from the deepest node that holds each; nothing is held or touched.
-    pub fn blocks_of(&self, ids: &[u32], len: usize) -> Vec<Arc<Block>> {
+    /// How much of `ids[..len]` the tree holds now, and its blocks (logical `0..`, the last
+    /// possibly partly filled), from the deepest node that holds each; nothing is held or touched.
+    pub fn blocks_of(&self, ids: &[u32], len: usize) -> (usize, Vec<Arc<Block>>) {
         let path = self.descend(ids, len.min(ids.len()));
-        self.path_blocks(&path, path.iter().map(|&(_, take)| take).sum())
+        let matched = path.iter().map(|&(_, take)| take).sum();
+        (matched, self.path_blocks(&path, matched))
     }
 
     /// Lets a held prefix be evicted again.

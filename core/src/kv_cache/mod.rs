@@ -93,7 +93,9 @@ impl KvCache {
     /// [`KvCache::with_capacity`] held as `spec` says.
     pub fn with_spec(cfg: &Config, capacity: usize, spec: KvSpec) -> KvCache {
         let capacity = capacity.min(cfg.n_positions);
-        let pool = Pool::new(cfg, spec, capacity.div_ceil(spec.block()));
+        // One block more than its positions take: a copy of its partly filled last block can be
+        // made while another holder (a K/V store's writer) still holds the original.
+        let pool = Pool::new(cfg, spec, capacity.div_ceil(spec.block()) + 1);
         KvCache::in_pool(&pool, cfg, capacity)
     }
 

@@ -42,7 +42,8 @@ impl DiskTier {
                 let meta = f.metadata()?;
                 match key_of(&path) {
                     Some(key) => found.push((meta.modified()?, key, meta.len())),
-                    None if path.extension().is_some_and(|e| e == "tmp") => {
+                    // A crash's leftovers; a younger one may be another process's write in flight.
+                    None if path.extension().is_some_and(|e| e == "tmp") && stale(&meta) => {
                         let _ = std::fs::remove_file(&path);
                     }
                     None => {}
@@ -117,6 +118,9 @@ impl DiskTier {
             .and_then(|_| std::fs::rename(&tmp, &path));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
+            if e.kind() == std::io::ErrorKind::NotFound && path.parent().is_some_and(Path::is_dir) {
+                return false; // the temporary file went (another process's cleanup): this one write
+            }
             tracing::warn!("the K/V disk tier {} stopped writing: {e}", self.dir.display());
             self.stopped.store(true, Ordering::Relaxed);
             return false;
@@ -181,6 +185,11 @@ impl Tier for DiskTier {
     fn held(&self) -> Option<(usize, u64)> {
         Some(DiskTier::held(self))
     }
+}
+
+/// Whether a temporary file is old enough to be a crash's, not a write in flight (ten minutes).
+fn stale(meta: &std::fs::Metadata) -> bool {
+    meta.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age.as_secs() > 600)
 }
 
 /// The key a block file's name gives (None for any other file).

@@ -13,7 +13,8 @@ use kvgpt_kernels::KvType;
 
 const MAGIC: &[u8; 8] = b"KVGPTBLK";
 /// Bumped whenever the layout above changes: a store of another version is refused by its header.
-const VERSION: u32 = 1;
+/// It is part of every key too ([`super::Keying::key`]): another version's blocks are not found.
+pub(super) const VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 32 + 4 + 1 + 4 * 3 + 4 + 4 + 32;
 
 /// A stored block read back and checked: positions `first..first + tokens.len()`.

@@ -29,6 +29,11 @@ pub trait Tier: Send + Sync {
     /// Its name in the metrics: "disk", "redis".
     fn name(&self) -> &'static str;
     fn has(&self, key: BlockKey) -> bool;
+    /// [`Tier::has`] as the writer asks it, before a write (a networked tier asks on its
+    /// writing connection, so the engine's lookups never wait behind the writer).
+    fn has_to_write(&self, key: BlockKey) -> bool {
+        self.has(key)
+    }
     /// [`Tier::has`] of each key (a networked tier asks in one round trip).
     fn has_many(&self, keys: &[BlockKey]) -> Vec<bool> {
         keys.iter().map(|&k| self.has(k)).collect()
@@ -120,7 +125,8 @@ impl Keying {
     /// ([`BlockKey::ROOT`] for the first): a chain, so a key stands for every token before it.
     pub fn key(&self, parent: BlockKey, first: usize, tokens: &[u32]) -> BlockKey {
         let mut h = blake3::Hasher::new();
-        h.update(b"kvgpt block 1");
+        h.update(b"kvgpt block");
+        h.update(&entry::VERSION.to_le_bytes());
         h.update(&self.kv.0);
         h.update(&(self.block as u64).to_le_bytes());
         h.update(&parent.0);

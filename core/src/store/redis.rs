@@ -131,6 +131,10 @@ impl Tier for RedisTier {
         self.call(&self.read, |c| c.exists::<_, bool>(name(key))).unwrap_or(false)
     }
 
+    fn has_to_write(&self, key: BlockKey) -> bool {
+        self.call(&self.write, |c| c.exists::<_, bool>(name(key))).unwrap_or(false)
+    }
+
     fn has_many(&self, keys: &[BlockKey]) -> Vec<bool> {
         let mut pipe = redis::pipe();
         keys.iter().for_each(|&k| {

@@ -60,12 +60,17 @@ fn the_disk_tier_keeps_the_most_recently_used_within_its_budget_across_a_restart
     assert!(disk.put(key(4), &[4; 100]));
     assert_eq!(disk.held(), (3, 300));
     assert!(!disk.has(key(2)) && disk.has(key(1)) && disk.has(key(4)));
-    std::fs::write(dir.path().join("01").join("left.by.a.crash.tmp"), b"x").unwrap();
+    let (old, young) = (dir.path().join("01").join("left.by.a.crash.tmp"), dir.path().join("01").join("in.flight.tmp"));
+    std::fs::write(&old, b"x").unwrap();
+    std::fs::write(&young, b"x").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options().write(true).open(&old).unwrap().set_modified(hour_ago).unwrap();
     drop(disk);
     let again = DiskTier::open(dir.path(), 300).unwrap();
     assert_eq!(again.held(), (3, 300), "the index is the files");
     assert_eq!(again.get(key(4)), Some(vec![4; 100]));
-    assert!(!dir.path().join("01").join("left.by.a.crash.tmp").exists(), "a crash's temporary file is gone");
+    assert!(!old.exists(), "a crash's temporary file is gone");
+    assert!(young.exists(), "another process's write in flight is left alone");
 }
 
 #[test]

@@ -6,7 +6,7 @@ use super::entry::{decode, encode, Entry, Refusal};
 use super::{BlockKey, Keying, Tier};
 use crate::kv_cache::{Block, BlockShape, KvCache};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -110,11 +110,6 @@ impl Store {
         self
     }
 
-    /// Whether any loaded block is proved (`--kv-verify` above 0).
-    pub fn verifies(&self) -> bool {
-        self.verify > 0.0
-    }
-
     /// Whether the block `key` is to be proved before use: the `--kv-verify` share of keys, by
     /// the key's first bytes (every key at 1, none at 0; the same keys on every replica).
     pub fn proves(&self, key: BlockKey) -> bool {
@@ -193,7 +188,8 @@ impl Store {
         let room = t.inflight.load(Ordering::Relaxed) + n <= t.max_inflight.load(Ordering::Relaxed);
         let job = Job { ids: ids.to_vec(), first: from / t.keying.block, blocks };
         t.inflight.fetch_add(n, Ordering::Relaxed);
-        if !room || matches!(self.tx.as_ref().map(|tx| tx.try_send(job)), Some(Err(TrySendError::Full(_)))) {
+        // Full, or a writer that is gone: not written, and counted.
+        if !room || self.tx.as_ref().is_none_or(|tx| tx.try_send(job).is_err()) {
             t.inflight.fetch_sub(n, Ordering::Relaxed);
             for (_, s) in &t.tiers {
                 s.skipped.fetch_add(n as u64, Ordering::Relaxed);
@@ -320,7 +316,7 @@ impl Tiers {
             let tokens = &job.ids[j * b..j * b + n];
             let key = if n == b { keys[j] } else { self.keying.key(parent, j * b, tokens) };
             let mut bytes = None;
-            for (tier, stats) in self.tiers.iter().filter(|(t, _)| !t.has(key)) {
+            for (tier, stats) in self.tiers.iter().filter(|(t, _)| !t.has_to_write(key)) {
                 if !tier.up() {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     continue;

@@ -185,6 +185,7 @@ impl Engine {
 
     /// Plan, execute, update.
     fn step(&mut self, monitor: &mut dyn Monitor) -> Result<()> {
+        self.load_from_store(); // before the counts: it evicts and inserts
         let evictable = self.evictable();
         let limits = Limits {
             parallel: self.cfg.parallel,
@@ -192,7 +193,6 @@ impl Engine {
             prefix_cache: self.cfg.cache_bytes > 0,
             memory: self.memory(&evictable),
         };
-        self.load_from_store();
         self.runner.draft(&mut self.slots)?;
         let running: Vec<_> = self.slots.iter().map(Slot::view).collect();
         let waiting: Vec<_> =

@@ -15,9 +15,11 @@ impl Engine {
         let b = self.pool.shape().positions;
         for c in changes {
             if let Change::Stored { ids, from } = c {
-                let blocks = self.cache.blocks_of(ids, ids.len());
-                if blocks.len() > from / b {
-                    store.write_through(ids, *from, blocks[from / b..].to_vec());
+                // What the tree holds of it now (a later insert or eviction this step may have
+                // cut it): each block written under the tokens it holds.
+                let (len, blocks) = self.cache.blocks_of(ids, ids.len());
+                if len > *from {
+                    store.write_through(&ids[..len], *from, blocks[from / b..].to_vec());
                 }
             }
         }
@@ -55,12 +57,14 @@ impl Engine {
         if (start + found.iter().map(|&(_, _, n)| n).sum::<usize>()).min(max) <= ram {
             return None;
         }
-        // Room for the loaded blocks, and as many again to prove them in (--kv-verify).
-        let need = found.len() * if store.verifies() { 2 } else { 1 };
-        while self.pool.free_blocks() < need && self.cache.evict_for_pool() {}
+        // Room for the loaded blocks (a run proved first is recomputed in blocks given back before
+        // its own are appended, so proving takes no more at once).
+        while self.pool.free_blocks() < found.len() && self.cache.evict_for_pool() {}
         let found = &found[..found.len().min(self.pool.free_blocks())];
         let mut kv = KvCache::in_pool(&self.pool, &self.runner.model.config, ids.len());
-        if kv.map_prefix(&self.cache.blocks_of(ids, start), start).is_err() {
+        // The eviction may have cut the prompt's path short of `start`: then nothing is loaded.
+        let (held, blocks) = self.cache.blocks_of(ids, start);
+        if held < start || kv.map_prefix(&blocks, start).is_err() {
             return None;
         }
         let loaded = store.load(found);
