@@ -3,8 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use kvgpt_core::kv_cache::BlockShape;
-use kvgpt_core::store::{DiskTier, Keying, Store, Tier};
+use kvgpt_core::store::{DiskTier, Store, Tier};
 use kvgpt_core::Model;
 use std::path::PathBuf;
 
@@ -40,8 +39,6 @@ impl KvDiskArgs {
         let Some((dir, bytes)) = self.tier() else { return Ok(None) };
         let disk =
             DiskTier::open(&dir, bytes).with_context(|| format!("--kv-disk {}: cannot use it", dir.display()))?;
-        let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
-        let tiers: Vec<Box<dyn Tier>> = vec![Box::new(disk)];
-        Ok(Some(Store::new(keying, BlockShape::of(&model.config, model.kv()), tiers)?))
+        Ok(Some(Store::for_model(model, vec![Box::new(disk) as Box<dyn Tier>])?))
     }
 }

@@ -233,7 +233,7 @@ impl PrefixCache {
 
     /// How many tokens of `ids` a lookup would take from the cache now (nothing is touched).
     pub fn peek(&self, ids: &[u32]) -> usize {
-        self.descend(ids, ids.len().saturating_sub(1)).iter().map(|&(_, take)| take).sum()
+        self.peek_in(&Evictable::none(), ids).0
     }
 
     /// How much of `ids[..len]` the tree holds now, and its blocks (logical `0..`, the last
@@ -292,9 +292,9 @@ impl PrefixCache {
             return vec![];
         }
         let b = cache.shape().positions;
-        let path = self.descend(ids, end.min(cache.len()) / b * b);
-        let whole = path.iter().map(|&(_, take)| take).sum::<usize>() / b * b;
-        self.path_blocks(&path, whole)
+        let (held, mut blocks) = self.blocks_of(ids, end.min(cache.len()) / b * b);
+        blocks.truncate(held / b);
+        blocks
     }
 
     /// The insert; false when `cache`'s blocks are not of the tree's shape.

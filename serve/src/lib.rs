@@ -41,10 +41,9 @@ use anyhow::{Context, Result};
 use facts::Facts;
 use http::{App, Ready};
 use kvgpt_core::engine::{self, EngineConfig};
-use kvgpt_core::kv_cache::BlockShape;
 use kvgpt_core::openai::Served;
 use kvgpt_core::speculative::Drafting;
-use kvgpt_core::store::{DiskTier, Keying, RedisTier, Store, Tier};
+use kvgpt_core::store::{DiskTier, RedisTier, Store, Tier};
 use kvgpt_core::Loaded;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, OnceLock};
@@ -177,8 +176,6 @@ fn open_store(o: &ServeOptions, model: &kvgpt_core::Model) -> Result<Option<Arc<
     if tiers.is_empty() {
         return Ok(None);
     }
-    let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
-    let shape = BlockShape::of(&model.config, model.kv());
-    let store = Store::new(keying, shape, tiers).context("the K/V store's writer could not start")?;
+    let store = Store::for_model(model, tiers).context("the K/V store's writer could not start")?;
     Ok(Some(Arc::new(store.with_verify(o.kv_verify))))
 }

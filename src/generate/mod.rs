@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt_core::stop::TextStream;
 use kvgpt_core::units::count;
-use kvgpt_core::{generate_text, prompt_file, GenerateOptions, Generation, KvCache, Loaded, Sequence, Step, Tokenizer};
+use kvgpt_core::{generate_text, prompt_file, GenerateOptions, Generation, Loaded, Sequence, Step, Tokenizer};
 use report::{LogprobEntry, Report};
 use serde_json::json;
 use std::io::Write;
@@ -85,11 +85,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
     let saved = restore_prompt_cache(a, &loaded, &ids, &mut seq)?;
     let store = a.kv_disk.open(&loaded.model)?;
     if let Some(store) = &store {
-        let mut kv = KvCache::in_pool(seq.cache().pool(), &loaded.model.config, ids.len());
-        let n = store.restore(&ids, &mut kv);
-        if n > 0 && seq.cache().is_empty() {
-            seq.map_prefix(kv.blocks(), n)?;
-        }
+        store.restore(&loaded.model, &mut seq)?; // unless --prompt-cache restored a prefix
     }
     let reused = seq.cache().len();
     let drafting = a.draft.load(&a.model, &loaded)?;
@@ -103,11 +99,7 @@ pub fn run(a: &GenerateArgs) -> Result<Outcome> {
         }
     }
     if let Some(store) = &store {
-        // The prompt (its last block in part, as the server stores it: the next run with this
-        // prompt finds it token exact), then all that was computed; written by the time the store
-        // is dropped.
-        store.save(&ids, seq.cache());
-        store.save(seq.ids(), seq.cache());
+        store.save(&seq, ids.len()); // written by the time the store is dropped
     }
     let draft_stats = seq.speculation().map(|s| s.stats);
     let report = Report {

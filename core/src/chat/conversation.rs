@@ -218,8 +218,7 @@ impl Chat {
         if let Some(store) = &self.store {
             // The turn's prompt (its last block in part, found token exact by the next run that
             // says the same), then the conversation so far.
-            store.save(&self.seq.ids()[..self.turns.last().map_or(0, |t| t.1)], self.seq.cache());
-            store.save(self.seq.ids(), self.seq.cache());
+            store.save(&self.seq, self.turns.last().map_or(0, |t| t.1));
         }
         Ok(turn)
     }
@@ -246,11 +245,8 @@ impl Chat {
 
     /// A conversation with nothing cached yet starts from what the store holds of it.
     fn restore(&mut self, model: &Model) -> Result<()> {
-        let Some(store) = self.store.as_ref().filter(|_| self.seq.cache().is_empty()) else { return Ok(()) };
-        let mut kv = KvCache::in_pool(self.seq.cache().pool(), &model.config, self.seq.ids().len());
-        let n = store.restore(self.seq.ids(), &mut kv);
-        if n > 0 {
-            self.seq.map_prefix(kv.blocks(), n)?;
+        if let Some(store) = &self.store {
+            store.restore(model, &mut self.seq)?;
         }
         Ok(())
     }

@@ -79,6 +79,7 @@ pub struct Cached {
     pub evictable: usize,
 }
 
+#[cfg(test)]
 impl Cached {
     /// `tokens` tokens, in blocks someone else maps too.
     pub fn tokens(tokens: usize) -> Cached {

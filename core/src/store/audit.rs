@@ -29,7 +29,7 @@ pub struct Audit {
 /// Checks every block in `dir` for `model` (nothing is changed).
 pub fn audit(model: &Model, dir: &Path) -> Result<Audit> {
     let disk = DiskTier::open(dir, u64::MAX).map_err(|e| crate::error::Error::io(dir, e))?;
-    let keying = Keying { kv: model.kv_fingerprint(), block: model.kv().block() };
+    let keying = Keying::of(model);
     let shape = BlockShape::of(&model.config, model.kv());
     let mut out = Audit::default();
     let mut mine: HashMap<BlockKey, Entry> = HashMap::new();
@@ -73,8 +73,7 @@ fn recomputes(model: &Model, scratch: &mut Scratch, chain: &[&Entry], e: &Entry)
         cache.append_held(&before.words, before.tokens.len())?;
     }
     model.run(&e.tokens, &mut cache, scratch, &mut [])?;
-    let rows = cache.blocks()[e.first / model.kv().block()].held_rows(e.tokens.len());
-    Ok(rows.iter().zip(&e.words).all(|(a, b)| a.to_bits() == b.to_bits()))
+    Ok(e.same_rows(&cache.blocks()[e.first / model.kv().block()]))
 }
 
 /// The stored blocks before `e` on its chain, from the first; None if one is missing (or the

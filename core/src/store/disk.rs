@@ -108,8 +108,11 @@ impl DiskTier {
         if self.stopped.load(Ordering::Relaxed) {
             return false;
         }
-        if self.has(key) || bytes.len() as u64 > self.budget {
+        if self.has(key) {
             return true;
+        }
+        if bytes.len() as u64 > self.budget {
+            return false; // larger than the whole tier: never written, counted as skipped
         }
         let path = self.path(key);
         let tmp = path.with_extension(format!("{}.tmp", std::process::id()));

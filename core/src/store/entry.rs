@@ -28,6 +28,15 @@ pub struct Entry {
     pub words: Vec<f32>,
 }
 
+impl Entry {
+    /// Whether `block` holds exactly this entry's rows, bit for bit (a recomputed block: the
+    /// proof of a stored one).
+    pub fn same_rows(&self, block: &Block) -> bool {
+        let rows = block.held_rows(self.tokens.len());
+        rows.len() == self.words.len() && rows.iter().zip(&self.words).all(|(a, b)| a.to_bits() == b.to_bits())
+    }
+}
+
 /// Why stored bytes were not used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {

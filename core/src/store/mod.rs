@@ -120,6 +120,11 @@ pub struct Keying {
 }
 
 impl Keying {
+    /// The keying of `model`'s K/V as it holds them (its `KvSpec`).
+    pub fn of(model: &crate::model::Model) -> Keying {
+        Keying { kv: model.kv_fingerprint(), block: model.kv().block() }
+    }
+
     /// The key of the block whose positions start at `first` (a multiple of the block size) and
     /// hold `tokens` (one to a block's worth), after the block keyed `parent`
     /// ([`BlockKey::ROOT`] for the first): a chain, so a key stands for every token before it.

@@ -82,18 +82,18 @@ fn a_store_written_through_gives_blocks_back_token_exact_and_skips_past_its_limi
     let tiers: Vec<Box<dyn Tier>> = vec![Box::new(DiskTier::open(dir.path(), 1 << 20).unwrap())];
     let store = Store::new(keying(b), shape, tiers).unwrap();
     store.limit_inflight(2);
-    store.save(&ids, &cache); // three blocks: more than may wait
+    store.save_prefix(&ids, &cache); // three blocks: more than may wait
     assert_eq!(store.counts().tiers[0].unwrap().skipped, 3);
     store.limit_inflight(8);
-    store.save(&ids[..6], &cache); // a whole block and half of the next
+    store.save_prefix(&ids[..6], &cache); // a whole block and half of the next
     drop(store);
     let tiers: Vec<Box<dyn Tier>> = vec![Box::new(DiskTier::open(dir.path(), 1 << 20).unwrap())];
     let store = Store::new(keying(b), shape, tiers).unwrap();
     let mut back = crate::kv_cache::KvCache::with_spec(&cfg(), 16, KvSpec::new(b).unwrap());
     // Asked for all ten: the six stored, up to the first position not stored.
-    assert_eq!(store.restore(&ids, &mut back), 6);
+    assert_eq!(store.fill(&ids, &mut back), 6);
     assert!(back.same_bits(&cache, 6));
     let mut other = crate::kv_cache::KvCache::with_spec(&cfg(), 16, KvSpec::new(b).unwrap());
     let differs: Vec<u32> = [10, 11, 12, 13, 14, 99].to_vec();
-    assert_eq!(store.restore(&differs, &mut other), 4, "the part of the second block is another prompt's");
+    assert_eq!(store.fill(&differs, &mut other), 4, "the part of the second block is another prompt's");
 }

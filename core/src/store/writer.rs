@@ -4,7 +4,10 @@
 
 use super::entry::{decode, encode, Entry, Refusal};
 use super::{BlockKey, Keying, Tier};
+use crate::error::Result;
 use crate::kv_cache::{Block, BlockShape, KvCache};
+use crate::model::Model;
+use crate::sequence::Sequence;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
@@ -85,6 +88,11 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
+    /// A store of `model`'s K/V (keyed and shaped as it holds them) on `tiers`.
+    pub fn for_model(model: &Model, tiers: Vec<Box<dyn Tier>>) -> std::io::Result<Store> {
+        Store::new(Keying::of(model), BlockShape::of(&model.config, model.kv()), tiers)
+    }
+
     /// A store of blocks of `shape` keyed under `keying`, on `tiers` (looked up in this order;
     /// at most [`MAX_TIERS`]), with its writer thread.
     pub fn new(keying: Keying, shape: BlockShape, tiers: Vec<Box<dyn Tier>>) -> std::io::Result<Store> {
@@ -117,9 +125,9 @@ impl Store {
         self.verify >= 1.0 || (x as f64) < self.verify * u64::MAX as f64
     }
 
-    /// A block proved: its recomputed bits were the stored ones.
-    pub fn proved(&self) {
-        self.verified.fetch_add(1, Ordering::Relaxed);
+    /// `n` blocks proved: their recomputed bits were the stored ones.
+    pub fn proved(&self, n: usize) {
+        self.verified.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// A block whose recomputed bits were not the stored ones: counted, logged, and removed from
@@ -136,27 +144,44 @@ impl Store {
         self.tiers.tiers[i].0.name()
     }
 
-    pub fn keying(&self) -> Keying {
-        self.tiers.keying
+    /// Starts `seq`, which has nothing cached yet, from what the tiers hold of its ids (at most
+    /// all but the last, for its logits), for a command that decodes alone: the positions
+    /// restored. The blocks come from the sequence's own pool.
+    pub fn restore(&self, model: &Model, seq: &mut Sequence) -> Result<usize> {
+        if !seq.cache().is_empty() {
+            return Ok(seq.cache().len());
+        }
+        let mut kv = KvCache::in_pool(seq.cache().pool(), &model.config, seq.ids().len());
+        let n = self.fill(seq.ids(), &mut kv);
+        if n > 0 {
+            seq.map_prefix(kv.blocks(), n)?;
+        }
+        Ok(n)
     }
 
-    /// Fills the empty `cache` with what the tiers hold of `ids` (at most all but the last token,
-    /// for its logits), for a command that decodes alone: the positions restored.
-    pub fn restore(&self, ids: &[u32], cache: &mut KvCache) -> usize {
+    /// Fills the empty `cache` with what the tiers hold of `ids`, at most all but the last: the
+    /// positions filled.
+    pub(super) fn fill(&self, ids: &[u32], cache: &mut KvCache) -> usize {
         let max = ids.len().saturating_sub(1);
-        if cache.is_empty() {
-            for (_, e) in self.load(&self.find(ids, 0, max)) {
-                if cache.append_held(&e.words, e.tokens.len()).is_err() {
-                    break;
-                }
+        for (_, e) in self.load(&self.find(ids, 0, max)) {
+            if cache.append_held(&e.words, e.tokens.len()).is_err() {
+                break;
             }
-            cache.truncate(max);
         }
+        cache.truncate(max); // a stored block may go past the last prompt token
         cache.len()
     }
 
+    /// Hands the writer what `seq` computed: its ids up to `prompt` first (the prompt's last
+    /// block in part, as the server's prompt cache stores it, so that the next run saying the
+    /// same finds it token exact), then all of them.
+    pub fn save(&self, seq: &Sequence, prompt: usize) {
+        self.save_prefix(&seq.ids()[..prompt.min(seq.ids().len())], seq.cache());
+        self.save_prefix(seq.ids(), seq.cache());
+    }
+
     /// Hands the writer every block `cache` holds of `ids` (from the first position).
-    pub fn save(&self, ids: &[u32], cache: &KvCache) {
+    pub(super) fn save_prefix(&self, ids: &[u32], cache: &KvCache) {
         let n = cache.len().min(ids.len());
         self.write_through(&ids[..n], 0, cache.blocks()[..cache.shape().blocks_for(n)].to_vec());
     }

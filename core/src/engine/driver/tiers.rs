@@ -71,11 +71,12 @@ impl Engine {
         let mut gave = TierReuse::default();
         let mut i = 0;
         'load: while i < loaded.len() {
-            // The next run of blocks to prove is proved in one forward (at --kv-verify 1, all).
-            let run = loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count().max(1);
+            // A block not to prove goes alone; a run of blocks to prove, in one forward (at
+            // --kv-verify 1, all of them).
             let proving = store.proves(loaded[i].1.key);
+            let run = if proving { loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count() } else { 1 };
             // Unproved for want of blocks to recompute in: not used, and not held against the store.
-            let Some(good) = (if proving { self.proved(&kv, ids, &loaded[i..i + run]) } else { Some(run) }) else {
+            let Some(good) = (if proving { self.proved(&kv, ids, &loaded[i..i + run]) } else { Some(1) }) else {
                 break;
             };
             for (tier, e) in &loaded[i..i + good] {
@@ -83,9 +84,7 @@ impl Engine {
                     break 'load; // the pool is full: what is appended so far is used
                 }
                 gave.add(store.tier_name(*tier), e.tokens.len());
-                if store.proves(e.key) {
-                    gave.verified += e.tokens.len();
-                }
+                gave.verified += if proving { e.tokens.len() } else { 0 };
             }
             if good < run {
                 let (tier, e) = &loaded[i + good];
@@ -115,14 +114,8 @@ impl Engine {
         {
             return None;
         }
-        let same = |(k, (_, e)): &(usize, &(usize, Entry))| {
-            let rows = check.blocks()[from / b + k].held_rows(e.tokens.len());
-            rows.iter().zip(&e.words).all(|(x, y)| x.to_bits() == y.to_bits())
-        };
-        let good = run.iter().enumerate().take_while(|x| same(x)).count();
-        for _ in 0..good {
-            self.cfg.store.as_ref().expect("a store").proved();
-        }
+        let good = run.iter().enumerate().take_while(|(k, (_, e))| e.same_rows(&check.blocks()[from / b + k])).count();
+        self.cfg.store.as_ref().expect("a store").proved(good);
         Some(good)
     }
 }
