@@ -48,9 +48,16 @@ fn a_restarted_server_serves_the_prefix_from_disk_token_exact_with_hfs_answer() 
     fill(dir.path(), &p);
     // Five whole blocks of 16 and the prompt's last 8 positions (a partial block), as written.
     assert!(files(dir.path()).len() >= 6, "{:?}", files(dir.path()));
+    // The same request's log-probabilities from a cold server, computed from nothing.
+    let body =
+        json!({"prompt": p.ids, "max_tokens": p.greedy_ids.len(), "temperature": 0, "ignore_eos": true, "logprobs": 3});
+    let cold = Server::start(&[]).complete(&body);
     let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
+    let warm = s.complete(&body);
     let tiers = json!({"ram": 0, "disk": 87, "redis": 0, "verified": 0});
-    assert_eq!(ask_tiers(&s, &p), (p.greedy_ids.clone(), 87, tiers), "all but the last prompt token from disk");
+    assert_eq!(warm["usage"]["prompt_cache"]["tiers"], tiers, "all but the last prompt token from disk");
+    assert_eq!(ids_of(&warm["choices"][0]["logprobs"]["token_ids"]), p.greedy_ids);
+    assert_eq!(warm["choices"][0]["logprobs"], cold["choices"][0]["logprobs"], "the same bits as computed cold");
     let again = json!({"ram": 87, "disk": 0, "redis": 0, "verified": 0});
     assert_eq!(ask_tiers(&s, &p).2, again, "then from RAM");
     assert_eq!(s.metric("kvgpt_kv_store_hit_blocks_total"), 6.0);

@@ -48,8 +48,11 @@ fn a_replica_serves_from_redis_the_prefix_another_computed() {
     assert_eq!(redis.keys(), 9);
     let b = Server::start(&["--kv-redis", &redis.url()]);
     let n = p.greedy_ids.len();
-    let v = b.complete(&json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1}));
+    let body = json!({"prompt": p.ids, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 3});
+    let v = b.complete(&body);
     assert_eq!(ids_of(&v["choices"][0]["logprobs"]["token_ids"]), p.greedy_ids);
+    let cold = Server::start(&[]).complete(&body);
+    assert_eq!(v["choices"][0]["logprobs"], cold["choices"][0]["logprobs"], "the same bits as computed cold");
     let tiers = json!({"ram": 0, "disk": 0, "redis": 87, "verified": 0});
     assert_eq!(v["usage"]["prompt_cache"]["tiers"], tiers, "B reuses all but the last prompt token, from Redis");
     assert_eq!(b.metric("kvgpt_kv_store_hit_blocks_total{tier=\"redis\"}"), 6.0);
