@@ -42,6 +42,19 @@ fn files(dir: &Path) -> Vec<std::path::PathBuf> {
     subs.flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten().map(|f| f.path())).collect()
 }
 
+/// Changes one K/V value of every block in `dir` and makes its checksum again over the altered
+/// bytes: what a store cannot tell from honest bytes by itself.
+fn alter_behind_the_checksum(dir: &Path) {
+    for f in files(dir) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        let body = bytes.len() - 32;
+        bytes[body - 2] ^= 0x01; // the last K/V value's low mantissa bits
+        let sum = *blake3::hash(&bytes[..body]).as_bytes();
+        bytes[body..].copy_from_slice(&sum);
+        std::fs::write(&f, bytes).unwrap();
+    }
+}
+
 #[test]
 fn a_restarted_server_serves_the_prefix_from_disk_token_exact_with_hfs_answer() {
     let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
@@ -120,14 +133,7 @@ fn kv_verify_proves_stored_blocks_by_recomputing_them() {
     assert_eq!(ask_tiers(&s, &p), (p.greedy_ids.clone(), 87, tiers), "an honest store: every block proved, and used");
     assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (6.0, 0.0));
     assert!(s.terminate().success());
-    for f in files(dir.path()) {
-        let mut bytes = std::fs::read(&f).unwrap();
-        let body = bytes.len() - 32;
-        bytes[body - 2] ^= 0x01; // the last K/V value's low mantissa bits
-        let sum = *blake3::hash(&bytes[..body]).as_bytes();
-        bytes[body..].copy_from_slice(&sum);
-        std::fs::write(&f, bytes).unwrap();
-    }
+    alter_behind_the_checksum(dir.path());
     let copy = tempfile::tempdir().unwrap();
     for f in files(dir.path()) {
         let to = copy.path().join(f.strip_prefix(dir.path()).unwrap());
@@ -140,6 +146,37 @@ fn kv_verify_proves_stored_blocks_by_recomputing_them() {
     assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0), "refused by recomputation: HF's answer");
     assert_eq!((s.metric("kvgpt_kv_verified_blocks_total"), s.metric("kvgpt_kv_verify_failures_total")), (0.0, 1.0));
     assert!(s.log_lines(1, |l| l.contains("is not what recomputing it gives")).len() == 1);
+}
+
+/// Blocks this server computed itself need no recomputing when they come back from disk: their
+/// checked BLAKE3 sums are the ones it wrote (`--kv-verify 1` counts them as proved, known). Bytes
+/// altered behind the checksum's back while it runs have another sum: recomputed, refused, and
+/// the answer is HF's.
+#[test]
+fn kv_verify_knows_the_blocks_it_wrote_by_their_sums_and_recomputes_altered_ones() {
+    let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
+    let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap(), "--kv-verify", "1"]);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0));
+    let written = || s.metric("kvgpt_kv_store_written_blocks_total{tier=\"disk\"}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while written() < 6.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(s.post("/flush_cache", &json!({})).0, 200);
+    let tiers = json!({"ram": 0, "disk": 87, "redis": 0, "verified": 87});
+    assert_eq!(ask_tiers(&s, &p), (p.greedy_ids.clone(), 87, tiers), "every block proved, none recomputed");
+    let proved = |m: &str| s.metric(&format!("kvgpt_kv_{m}_total"));
+    assert_eq!(
+        (proved("verified_known_blocks"), proved("verified_blocks"), proved("verify_failures")),
+        (6.0, 0.0, 0.0)
+    );
+    alter_behind_the_checksum(dir.path());
+    assert_eq!(s.post("/flush_cache", &json!({})).0, 200);
+    assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0), "refused by recomputation: HF's answer");
+    assert_eq!(
+        (proved("verified_known_blocks"), proved("verified_blocks"), proved("verify_failures")),
+        (6.0, 0.0, 1.0)
+    );
 }
 
 /// One store for the command line and the server: `generate --kv-disk` computes HF's prompt

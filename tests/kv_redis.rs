@@ -105,3 +105,22 @@ fn a_full_redis_refuses_writes_and_costs_no_answer() {
     let skipped = s.metric("kvgpt_kv_store_skipped_blocks_total{tier=\"redis\"}");
     assert!(said >= 1.0 && (said < skipped || skipped == 1.0), "{said} warnings for {skipped} refused writes");
 }
+
+/// A Redis that asks for a password, on another database than 0: the URL's password and database
+/// are used by every connection (the bulk reads that load blocks too), and a wrong password costs
+/// no answer (the tier is down, said once).
+#[test]
+fn a_redis_with_a_password_and_a_database_is_signed_into_by_every_connection() {
+    let Some(redis) = Redis::start_configured(&["--requirepass", "s3cret"]) else { return };
+    let p = prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let url = format!("redis://:s3cret@127.0.0.1:{}/3", redis.port);
+    let a = Server::start(&["--kv-redis", &url]);
+    assert_eq!(ask(&a, &p), (p.greedy_ids.clone(), 0));
+    wait_metric(&a, "kvgpt_kv_store_written_blocks_total{tier=\"redis\"}", 9.0);
+    let b = Server::start(&["--kv-redis", &url]);
+    assert_eq!(ask(&b, &p), (p.greedy_ids.clone(), 87), "B loads A's blocks from database 3");
+    assert_eq!(b.metric("kvgpt_kv_store_hit_blocks_total{tier=\"redis\"}"), 6.0);
+    let wrong = Server::start(&["--kv-redis", &format!("redis://:wrong@127.0.0.1:{}/3", redis.port)]);
+    assert_eq!(ask(&wrong, &p), (p.greedy_ids.clone(), 0), "nothing from a Redis it cannot sign into");
+    assert_eq!(wrong.metric("kvgpt_kv_store_up{tier=\"redis\"}"), 0.0);
+}

@@ -51,6 +51,10 @@ const COUNTERS: &[(&str, &str)] = &[
     ("kvgpt_kv_store_hit_blocks_total", "K/V blocks loaded back from a tier, by tier"),
     ("kvgpt_kv_verified_blocks_total", "loaded K/V blocks proved by recomputing them (--kv-verify)"),
     (
+        "kvgpt_kv_verified_known_blocks_total",
+        "loaded K/V blocks proved by being bytes this server computed or proved before (their BLAKE3 sum; --kv-verify)",
+    ),
+    (
         "kvgpt_kv_verify_failures_total",
         "loaded K/V blocks whose recomputed bits differed from the stored ones (removed, not used)",
     ),
@@ -275,6 +279,7 @@ pub struct Limits {
 /// The tiers under the pool, each under its `tier` label.
 fn store_counts(c: &StoreCounts) {
     counter!("kvgpt_kv_verified_blocks_total").absolute(c.verified);
+    counter!("kvgpt_kv_verified_known_blocks_total").absolute(c.verified_known);
     counter!("kvgpt_kv_verify_failures_total").absolute(c.verify_failures);
     for t in c.tiers.iter().flatten() {
         let tier = ("tier", t.name);

@@ -18,24 +18,27 @@ impl Block {
 }
 
 impl KvCache {
-    /// Appends `n` positions (1..=B, at a block boundary) from `words`, rows as held in the
-    /// layout [`Block::held_rows`] gives: a stored block loaded back. Errors, taking nothing,
-    /// when the pool cannot give the block or the words are not that many rows.
-    pub fn append_held(&mut self, words: &[f32], n: usize) -> Result<()> {
+    /// Appends `n` positions (1..=B, at a block boundary) from `rows`, little-endian words in
+    /// the layout [`Block::held_rows`] gives: a stored block loaded back. Errors, taking
+    /// nothing, when the pool cannot give the block or the bytes are not that many rows.
+    pub fn append_held(&mut self, rows: &[u8], n: usize) -> Result<()> {
         let s = self.shape;
         let (b, w, segments) = (s.positions, s.row_words(), s.n_layer * 2 * s.n_head);
-        if !self.len.is_multiple_of(b) || n == 0 || n > b || words.len() != segments * n * w {
+        if !self.len.is_multiple_of(b) || n == 0 || n > b || rows.len() != 4 * segments * n * w {
             return Err(Error::Invalid(format!(
-                "{} words are not {n} stored positions at position {} of blocks of {b}",
-                words.len(),
+                "{} bytes are not {n} stored positions at position {} of blocks of {b}",
+                rows.len(),
                 self.len
             )));
         }
         self.reserve(n)?;
         let block = Arc::get_mut(&mut self.blocks[self.len / b]).expect("a reserved block is the cache's own");
-        for (seg, rows) in words.chunks_exact(n * w).enumerate() {
+        for (seg, bytes) in rows.chunks_exact(4 * n * w).enumerate() {
             let (l, part, h) = (seg / (2 * s.n_head), seg / s.n_head % 2, seg % s.n_head);
-            block.rows_mut(l, part, h)[..n * w].copy_from_slice(rows);
+            let words = &mut block.rows_mut(l, part, h)[..n * w];
+            for (to, from) in words.iter_mut().zip(bytes.chunks_exact(4)) {
+                *to = f32::from_le_bytes(from.try_into().expect("four bytes"));
+            }
         }
         self.len += n;
         Ok(())

@@ -39,7 +39,7 @@ pub fn audit(model: &Model, dir: &Path) -> Result<Audit> {
             out.others += 1;
             continue;
         }
-        match decode(&bytes, &keying, shape, key) {
+        match decode(bytes, &keying, shape, key) {
             Ok(e) => {
                 mine.insert(key, e);
             }
@@ -70,7 +70,7 @@ pub fn audit(model: &Model, dir: &Path) -> Result<Audit> {
 fn recomputes(model: &Model, scratch: &mut Scratch, chain: &[&Entry], e: &Entry) -> Result<bool> {
     let mut cache = model.new_cache(e.first + e.tokens.len());
     for before in chain {
-        cache.append_held(&before.words, before.tokens.len())?;
+        cache.append_held(before.rows(), before.tokens.len())?;
     }
     model.run(&e.tokens, &mut cache, scratch, &mut [])?;
     Ok(e.same_rows(&cache.blocks()[e.first / model.kv().block()]))

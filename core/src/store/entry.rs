@@ -24,16 +24,33 @@ pub struct Entry {
     pub first: usize,
     pub parent: BlockKey,
     pub tokens: Vec<u32>,
-    /// Rows as held, `[L, 2, NH][n][W]` words (`KvCache::append_held`).
-    pub words: Vec<f32>,
+    /// The stored bytes, as read (the rows are taken from them as they are: no copy).
+    bytes: Vec<u8>,
+    rows_at: usize,
 }
 
 impl Entry {
+    /// Rows as held, `[L, 2, NH][n][W]` little-endian words (`KvCache::append_held`).
+    pub fn rows(&self) -> &[u8] {
+        &self.bytes[self.rows_at..self.bytes.len() - 32]
+    }
+
+    /// The checksum the bytes carry (checked): BLAKE3 of everything before it, so equal sums
+    /// are equal bytes.
+    pub fn sum(&self) -> [u8; 32] {
+        self.bytes[self.bytes.len() - 32..].try_into().expect("32 bytes")
+    }
+
+    /// How many bytes were read.
+    pub fn len_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
     /// Whether `block` holds exactly this entry's rows, bit for bit (a recomputed block: the
     /// proof of a stored one).
     pub fn same_rows(&self, block: &Block) -> bool {
-        let rows = block.held_rows(self.tokens.len());
-        rows.len() == self.words.len() && rows.iter().zip(&self.words).all(|(a, b)| a.to_bits() == b.to_bits())
+        let (rows, stored) = (block.held_rows(self.tokens.len()), self.rows());
+        rows.len() * 4 == stored.len() && rows.iter().zip(stored.chunks_exact(4)).all(|(a, b)| a.to_le_bytes() == b)
     }
 }
 
@@ -101,7 +118,7 @@ pub(super) fn is_of(bytes: &[u8], keying: &Keying, shape: BlockShape) -> bool {
 
 /// Reads `bytes` back as the block keyed `key`, for blocks of `shape` under `keying`: checks the
 /// header, the length, the checksum, and that the key made from what it holds is `key`.
-pub(super) fn decode(bytes: &[u8], keying: &Keying, shape: BlockShape, key: BlockKey) -> Result<Entry, Refusal> {
+pub(super) fn decode(bytes: Vec<u8>, keying: &Keying, shape: BlockShape, key: BlockKey) -> Result<Entry, Refusal> {
     if bytes.len() < HEADER + 32 || &bytes[..8] != MAGIC {
         return Err(if bytes.len() < HEADER + 32 && bytes.starts_with(MAGIC) {
             Refusal::Truncated
@@ -139,7 +156,5 @@ pub(super) fn decode(bytes: &[u8], keying: &Keying, shape: BlockShape, key: Bloc
     if keying.key(parent, first, &tokens) != key {
         return Err(Refusal::Mismatch);
     }
-    let at = HEADER + 4 * n;
-    let words = (0..words).map(|i| f32::from_le_bytes(word(at + 4 * i))).collect();
-    Ok(Entry { key, first, parent, tokens, words })
+    Ok(Entry { key, first, parent, tokens, bytes, rows_at: HEADER + 4 * n })
 }

@@ -12,14 +12,16 @@
 mod audit;
 mod disk;
 mod entry;
+mod known;
 mod redis;
+mod resp;
 mod writer;
 
 pub use self::redis::RedisTier;
 pub use audit::{audit, Audit};
 pub use disk::DiskTier;
 pub use entry::{Entry, Refusal};
-pub use writer::{Store, StoreCounts, TierCounts};
+pub use writer::{Check, Store, StoreCounts, TierCounts};
 
 use crate::model::Fingerprint;
 

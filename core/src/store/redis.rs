@@ -5,9 +5,11 @@
 //! A Redis that is down, slow or full costs speed, never an answer: each call has a 200 ms
 //! timeout; a failed connection marks the tier down (a warning, the `up` gauge at 0), and calls
 //! answer "not here" at once until a reconnect, tried at most once a second, succeeds. A write
-//! Redis refuses (full) is counted as skipped. Reads and writes have a connection each, so the
-//! engine's lookups never wait behind the writer's uploads.
+//! Redis refuses (full) is counted as skipped. Reads and writes have connections of their own, so
+//! the engine's lookups never wait behind the writer's uploads; a load reads over two at once
+//! (parsing the replies is the client's cost, and the step loop waits for it).
 
+use super::resp::{Bulk, BulkError};
 use super::{BlockKey, Tier};
 use redis::{Client, Commands, Connection};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,17 +22,58 @@ const RETRY: Duration = Duration::from_secs(1);
 pub struct RedisTier {
     client: Client,
     shown: String,
-    read: Mutex<Link>,
-    write: Mutex<Link>,
+    read: Mutex<Link<Connection>>,
+    /// Two connections that read blocks: a load's blocks are read half over each, at once.
+    bulk: [Mutex<Link<Bulk>>; 2],
+    write: Mutex<Link<Connection>>,
     up: AtomicBool,
     /// Redis refuses commands (full): said once until one is taken again.
     refusing: AtomicBool,
 }
 
 /// One connection, or when the next attempt to make one may be.
-struct Link {
-    conn: Option<Connection>,
+struct Link<C> {
+    conn: Option<C>,
     retry_at: Instant,
+}
+
+/// A kind of connection to Redis: the `redis` crate's, or one that reads blocks in bulk.
+trait Conn: Sized {
+    type Error: std::fmt::Display;
+    fn open(client: &Client) -> Result<Self, Self::Error>;
+    /// Whether the connection is gone (else Redis refused the command).
+    fn broken(e: &Self::Error) -> bool;
+    /// Whether a refusal leaves the connection unusable too.
+    fn drop_on_refusal() -> bool;
+}
+
+impl Conn for Connection {
+    type Error = redis::RedisError;
+    fn open(client: &Client) -> redis::RedisResult<Connection> {
+        let c = client.get_connection_with_timeout(TIMEOUT)?;
+        c.set_read_timeout(Some(TIMEOUT))?;
+        c.set_write_timeout(Some(TIMEOUT))?;
+        Ok(c)
+    }
+    fn broken(e: &redis::RedisError) -> bool {
+        e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
+    }
+    fn drop_on_refusal() -> bool {
+        false
+    }
+}
+
+impl Conn for Bulk {
+    type Error = BulkError;
+    fn open(client: &Client) -> Result<Bulk, BulkError> {
+        Bulk::connect(client.get_connection_info(), TIMEOUT)
+    }
+    fn broken(e: &BulkError) -> bool {
+        matches!(e, BulkError::Io(_))
+    }
+    fn drop_on_refusal() -> bool {
+        true
+    }
 }
 
 impl RedisTier {
@@ -38,11 +81,13 @@ impl RedisTier {
     /// need not be up yet.
     pub fn open(url: &str) -> Result<RedisTier, String> {
         let client = Client::open(url).map_err(|e| format!("--kv-redis {url}: {e}"))?;
-        let link = || Mutex::new(Link { conn: None, retry_at: Instant::now() });
+        fn link<C>() -> Mutex<Link<C>> {
+            Mutex::new(Link { conn: None, retry_at: Instant::now() })
+        }
         // Host, port and database, for the logs: no scheme (said there), no password.
         let shown = url.split('@').next_back().unwrap_or(url).trim_start_matches("redis://").to_string();
         let (up, refusing) = (AtomicBool::new(true), AtomicBool::new(false));
-        let tier = RedisTier { client, shown, read: link(), write: link(), up, refusing };
+        let tier = RedisTier { client, shown, read: link(), bulk: [link(), link()], write: link(), up, refusing };
         if !tier.ping() {
             tracing::warn!("the K/V tier redis://{} does not answer yet: serving without it until it does", tier.shown);
         }
@@ -56,7 +101,7 @@ impl RedisTier {
     /// Runs `f` on `link`'s connection (made first if there is none and a retry is due): None when
     /// Redis is down (or refused the command). A connection that breaks is made again at once,
     /// once (a restarted Redis drops every connection it had).
-    fn call<T>(&self, link: &Mutex<Link>, mut f: impl FnMut(&mut Connection) -> redis::RedisResult<T>) -> Option<T> {
+    fn call<C: Conn, T>(&self, link: &Mutex<Link<C>>, mut f: impl FnMut(&mut C) -> Result<T, C::Error>) -> Option<T> {
         let mut l = link.lock().unwrap_or_else(|p| p.into_inner());
         for fresh_try in [false, true] {
             let fresh = l.conn.is_none();
@@ -64,7 +109,7 @@ impl RedisTier {
                 return None;
             }
             if fresh {
-                match self.connect() {
+                match C::open(&self.client) {
                     Ok(c) => l.conn = Some(c),
                     Err(e) => {
                         l.retry_at = Instant::now() + RETRY;
@@ -80,9 +125,7 @@ impl RedisTier {
                     }
                     return Some(v);
                 }
-                Err(e)
-                    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() =>
-                {
+                Err(e) if C::broken(&e) => {
                     l.conn = None;
                     if fresh {
                         l.retry_at = Instant::now() + RETRY;
@@ -91,6 +134,9 @@ impl RedisTier {
                     }
                 }
                 Err(e) => {
+                    if C::drop_on_refusal() {
+                        l.conn = None; // its reply may be half read
+                    }
                     if !self.refusing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
                             "the K/V tier redis://{} refused a command ({e}): writes are skipped",
@@ -104,14 +150,7 @@ impl RedisTier {
         None
     }
 
-    fn connect(&self) -> redis::RedisResult<Connection> {
-        let c = self.client.get_connection_with_timeout(TIMEOUT)?;
-        c.set_read_timeout(Some(TIMEOUT))?;
-        c.set_write_timeout(Some(TIMEOUT))?;
-        Ok(c)
-    }
-
-    fn down(&self, e: &redis::RedisError) {
+    fn down(&self, e: &dyn std::fmt::Display) {
         if self.up.swap(false, Ordering::Relaxed) {
             tracing::warn!("the K/V tier redis://{} is down ({e}): serving from RAM and disk, retrying", self.shown);
         }
@@ -148,8 +187,20 @@ impl Tier for RedisTier {
             return vec![];
         }
         let names: Vec<String> = keys.iter().map(|&k| name(k)).collect();
-        let got = self.call(&self.read, |c| redis::cmd("MGET").arg(&names).query::<Vec<Option<Vec<u8>>>>(c));
-        got.unwrap_or_else(|| vec![None; keys.len()])
+        let mget = |link: &Mutex<Link<Bulk>>, names: &[String]| {
+            self.call(link, |c| c.mget(names)).unwrap_or_else(|| vec![None; names.len()])
+        };
+        if names.len() == 1 {
+            return mget(&self.bulk[0], &names);
+        }
+        let (first, second) = names.split_at(names.len() / 2);
+        let (mut got, rest) = std::thread::scope(|s| {
+            let other = s.spawn(|| mget(&self.bulk[1], second));
+            let got = mget(&self.bulk[0], first);
+            (got, other.join().unwrap_or_else(|_| vec![None; second.len()]))
+        });
+        got.extend(rest);
+        got
     }
 
     fn get(&self, key: BlockKey) -> Option<Vec<u8>> {

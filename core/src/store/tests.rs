@@ -31,21 +31,21 @@ fn a_block_comes_back_as_its_rows_and_anything_else_is_refused() {
     let k = keying(b);
     let key = k.key(BlockKey::ROOT, 0, &ids[..3]);
     let bytes = encode(&k, BlockKey::ROOT, 0, &ids[..3], &cache.blocks()[0]);
-    let e = decode(&bytes, &k, shape, key).unwrap();
+    let e = decode(bytes.clone(), &k, shape, key).unwrap();
     assert_eq!((e.first, e.tokens.as_slice(), e.parent), (0, &ids[..3], BlockKey::ROOT));
     let mut back = crate::kv_cache::KvCache::with_spec(&cfg(), 16, KvSpec::new(b).unwrap());
-    back.append_held(&e.words, 3).unwrap();
+    back.append_held(e.rows(), 3).unwrap();
     assert!(back.same_bits(&cache, 3), "the same K/V at every position");
     let mut flipped = bytes.clone();
     flipped[150] ^= 1;
-    assert_eq!(decode(&flipped, &k, shape, key).unwrap_err(), Refusal::Checksum);
-    assert_eq!(decode(&bytes[..bytes.len() - 1], &k, shape, key).unwrap_err(), Refusal::Truncated);
+    assert_eq!(decode(flipped, &k, shape, key).unwrap_err(), Refusal::Checksum);
+    assert_eq!(decode(bytes[..bytes.len() - 1].to_vec(), &k, shape, key).unwrap_err(), Refusal::Truncated);
     let mut version = bytes.clone();
     version[8] = 9;
-    assert_eq!(decode(&version, &k, shape, key).unwrap_err(), Refusal::Header);
-    assert_eq!(decode(&bytes, &keying(8), shape, key).unwrap_err(), Refusal::Mismatch, "another block size");
+    assert_eq!(decode(version, &k, shape, key).unwrap_err(), Refusal::Header);
+    assert_eq!(decode(bytes.clone(), &keying(8), shape, key).unwrap_err(), Refusal::Mismatch, "another block size");
     let other_key = k.key(BlockKey::ROOT, 0, &ids[..2]);
-    assert_eq!(decode(&bytes, &k, shape, other_key).unwrap_err(), Refusal::Mismatch, "not the key asked for");
+    assert_eq!(decode(bytes.clone(), &k, shape, other_key).unwrap_err(), Refusal::Mismatch, "not the key asked for");
 }
 
 #[test]

@@ -3,11 +3,13 @@
 //! they are shared), and lookups that continue where the prompt cache stops, tier by tier.
 
 use super::entry::{decode, encode, Entry, Refusal};
+use super::known::Known;
 use super::{BlockKey, Keying, Tier};
 use crate::error::Result;
 use crate::kv_cache::{Block, BlockShape, KvCache};
 use crate::model::Model;
 use crate::sequence::Sequence;
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
@@ -51,8 +53,22 @@ pub struct TierCounts {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreCounts {
     pub tiers: [Option<TierCounts>; MAX_TIERS],
+    /// Loaded blocks proved by recomputing them, and by being bytes this process knows (their
+    /// sums: [`super::known`]).
     pub verified: u64,
+    pub verified_known: u64,
     pub verify_failures: u64,
+}
+
+/// What a loaded block needs before use (`--kv-verify`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing: it is not among the share proved.
+    Trusted,
+    /// Nothing more: its bytes are ones this process computed or proved (by their sum).
+    Known,
+    /// Recomputing it.
+    Prove,
 }
 
 struct Tiers {
@@ -62,6 +78,7 @@ struct Tiers {
     /// Blocks handed to the writer and not yet written, and the most there may be.
     inflight: AtomicUsize,
     max_inflight: AtomicUsize,
+    known: Known,
 }
 
 /// Blocks of `ids` (a prefix the prompt cache stored), from logical block `first` on, to write.
@@ -76,6 +93,7 @@ pub struct Store {
     /// The share of loaded blocks proved by recomputing them (`--kv-verify`), and what that found.
     verify: f64,
     verified: AtomicU64,
+    verified_known: AtomicU64,
     refuted: AtomicU64,
     tx: Option<SyncSender<Job>>,
     writer: Option<JoinHandle<()>>,
@@ -99,7 +117,7 @@ impl Store {
         assert!(tiers.len() <= MAX_TIERS, "at most {MAX_TIERS} tiers");
         let tiers = tiers.into_iter().map(|t| (t, TierStats::default())).collect();
         let (inflight, max_inflight) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
-        let tiers = Arc::new(Tiers { keying, shape, tiers, inflight, max_inflight });
+        let tiers = Arc::new(Tiers { keying, shape, tiers, inflight, max_inflight, known: Known::default() });
         let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
         let t = tiers.clone();
         let writer = std::thread::Builder::new().name("kvgpt-store".into()).spawn(move || {
@@ -108,8 +126,8 @@ impl Store {
                 t.inflight.fetch_sub(job.blocks.len(), Ordering::Relaxed);
             }
         })?;
-        let (verified, refuted) = (AtomicU64::new(0), AtomicU64::new(0));
-        Ok(Store { tiers, verify: 0.0, verified, refuted, tx: Some(tx), writer: Some(writer) })
+        let (verified, verified_known, refuted) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+        Ok(Store { tiers, verify: 0.0, verified, verified_known, refuted, tx: Some(tx), writer: Some(writer) })
     }
 
     /// Proves the share `p` (0 to 1) of the blocks loaded back by recomputing them.
@@ -125,9 +143,29 @@ impl Store {
         self.verify >= 1.0 || (x as f64) < self.verify * u64::MAX as f64
     }
 
-    /// `n` blocks proved: their recomputed bits were the stored ones.
-    pub fn proved(&self, n: usize) {
-        self.verified.fetch_add(n as u64, Ordering::Relaxed);
+    /// What the loaded block `e` needs before use: nothing when it is not among the share
+    /// proved, or when its bytes are ones this process knows; else recomputing.
+    pub fn check(&self, e: &Entry) -> Check {
+        if !self.proves(e.key) {
+            Check::Trusted
+        } else if self.tiers.known.holds(e.key, &e.sum()) {
+            Check::Known
+        } else {
+            Check::Prove
+        }
+    }
+
+    /// Blocks proved: by recomputing them (their recomputed bits were the stored ones; from now
+    /// on they are known) or by being known.
+    pub fn proved<'a>(&self, how: Check, blocks: impl IntoIterator<Item = &'a Entry>) {
+        for e in blocks {
+            if how == Check::Prove {
+                self.tiers.known.add(e.key, e.sum());
+                self.verified.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.verified_known.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// A block whose recomputed bits were not the stored ones: counted, logged, and removed from
@@ -162,14 +200,24 @@ impl Store {
     /// Fills the empty `cache` with what the tiers hold of `ids`, at most all but the last: the
     /// positions filled.
     pub(super) fn fill(&self, ids: &[u32], cache: &mut KvCache) -> usize {
-        let max = ids.len().saturating_sub(1);
-        for (_, e) in self.load(&self.find(ids, 0, max)) {
-            if cache.append_held(&e.words, e.tokens.len()).is_err() {
+        self.extend(ids, cache);
+        cache.len()
+    }
+
+    /// Continues `cache`, which holds `ids`' first positions up to a block boundary, with what
+    /// the tiers hold of the rest (at most all but the last id): the positions added.
+    pub fn extend(&self, ids: &[u32], cache: &mut KvCache) -> usize {
+        let (from, max) = (cache.len(), ids.len().saturating_sub(1));
+        if !from.is_multiple_of(self.tiers.keying.block) {
+            return 0;
+        }
+        for (_, e) in self.load(&self.find(ids, from, max)) {
+            if cache.append_held(e.rows(), e.tokens.len()).is_err() {
                 break;
             }
         }
-        cache.truncate(max); // a stored block may go past the last prompt token
-        cache.len()
+        cache.truncate(max.max(from)); // a stored block may go past the last prompt token
+        cache.len() - from
     }
 
     /// Hands the writer what `seq` computed: its ids up to `prompt` first (the prompt's last
@@ -189,8 +237,12 @@ impl Store {
     /// What each tier did so far, and holds now.
     pub fn counts(&self) -> StoreCounts {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut out =
-            StoreCounts { verified: load(&self.verified), verify_failures: load(&self.refuted), ..Default::default() };
+        let mut out = StoreCounts {
+            verified: load(&self.verified),
+            verified_known: load(&self.verified_known),
+            verify_failures: load(&self.refuted),
+            ..Default::default()
+        };
         for (slot, (tier, s)) in out.tiers.iter_mut().zip(&self.tiers.tiers) {
             *slot = Some(TierCounts {
                 name: tier.name(),
@@ -300,14 +352,20 @@ impl Store {
                 bytes[f] = g;
             }
         }
+        // Checked on every core (the step loop waits for them; a checksum is most of the cost).
+        let checked: Vec<Option<Result<Entry, Refusal>>> = found
+            .par_iter()
+            .zip(bytes)
+            .map(|(&(_, key, _), bytes)| bytes.map(|b| decode(b, &t.keying, t.shape, key)))
+            .collect();
         let mut out = vec![];
-        for (&(i, key, _), bytes) in found.iter().zip(bytes) {
+        for (&(i, key, _), checked) in found.iter().zip(checked) {
             let (tier, stats) = &t.tiers[i];
-            let Some(bytes) = bytes else { break };
-            match decode(&bytes, &t.keying, t.shape, key) {
+            let Some(checked) = checked else { break };
+            match checked {
                 Ok(entry) => {
                     stats.hits.fetch_add(1, Ordering::Relaxed);
-                    stats.bytes.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    stats.bytes.fetch_add(entry.len_bytes() as u64, Ordering::Relaxed);
                     out.push((i, entry));
                 }
                 Err(r) => {
@@ -346,7 +404,11 @@ impl Tiers {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                let bytes = bytes.get_or_insert_with(|| encode(&self.keying, parent, j * b, tokens, block));
+                let bytes = bytes.get_or_insert_with(|| {
+                    let bytes = encode(&self.keying, parent, j * b, tokens, block);
+                    self.known.add(key, bytes[bytes.len() - 32..].try_into().expect("a sum"));
+                    bytes
+                });
                 let counter = if tier.put(key, bytes) { &stats.written } else { &stats.skipped };
                 counter.fetch_add(1, Ordering::Relaxed);
             }

@@ -6,7 +6,7 @@
 use super::Engine;
 use crate::kv_cache::KvCache;
 use crate::prefix_cache::Change;
-use crate::store::{Entry, TierReuse};
+use crate::store::{Check, Entry, TierReuse};
 
 impl Engine {
     /// Hands the store the blocks of every prefix the prompt cache stored (`changes`).
@@ -71,20 +71,24 @@ impl Engine {
         let mut gave = TierReuse::default();
         let mut i = 0;
         'load: while i < loaded.len() {
-            // A block not to prove goes alone; a run of blocks to prove, in one forward (at
-            // --kv-verify 1, all of them).
-            let proving = store.proves(loaded[i].1.key);
-            let run = if proving { loaded[i..].iter().take_while(|(_, e)| store.proves(e.key)).count() } else { 1 };
+            // A block not to recompute goes alone; a run of blocks to recompute, in one forward
+            // (at --kv-verify 1, all that this process does not know).
+            let check = store.check(&loaded[i].1);
+            let proving = check == Check::Prove;
+            let run = if proving { loaded[i..].iter().take_while(|(_, e)| store.check(e) == check).count() } else { 1 };
             // Unproved for want of blocks to recompute in: not used, and not held against the store.
             let Some(good) = (if proving { self.proved(&kv, ids, &loaded[i..i + run]) } else { Some(1) }) else {
                 break;
             };
+            if check == Check::Known {
+                store.proved(check, [&loaded[i].1]);
+            }
             for (tier, e) in &loaded[i..i + good] {
-                if kv.append_held(&e.words, e.tokens.len()).is_err() {
+                if kv.append_held(e.rows(), e.tokens.len()).is_err() {
                     break 'load; // the pool is full: what is appended so far is used
                 }
                 gave.add(store.tier_name(*tier), e.tokens.len());
-                gave.verified += if proving { e.tokens.len() } else { 0 };
+                gave.verified += if check == Check::Trusted { 0 } else { e.tokens.len() };
             }
             if good < run {
                 let (tier, e) = &loaded[i + good];
@@ -115,7 +119,7 @@ impl Engine {
             return None;
         }
         let good = run.iter().enumerate().take_while(|(k, (_, e))| e.same_rows(&check.blocks()[from / b + k])).count();
-        self.cfg.store.as_ref().expect("a store").proved(good);
+        self.cfg.store.as_ref().expect("a store").proved(Check::Prove, run[..good].iter().map(|(_, e)| e));
         Some(good)
     }
 }
