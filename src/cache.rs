@@ -5,6 +5,7 @@
 //! directory checked offline, every block proved by recomputation.
 
 use crate::common::{load, print_json, prompt_ids, read_prompt_file, ModelArgs, Outcome};
+use crate::kv_disk::KvDiskArgs;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use kvgpt_core::cache_report::Report;
@@ -45,6 +46,8 @@ pub struct DiffArgs {
     /// Print the reports as JSON: one object per file.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub kv_disk: KvDiskArgs,
 }
 
 impl CacheCmd {
@@ -56,11 +59,12 @@ impl CacheCmd {
     }
 }
 
-/// A block table as one line: a cell per block (▣ shared with the earlier prompts, ◩ copied on
-/// write, □ its own), the counts, and logical → physical.
+/// A block table as one line: a cell per block (▣ shared with the earlier prompts, ▤ loaded from
+/// the disk tier, ◩ copied on write, □ its own), the counts, and logical → physical.
 fn blocks_line(rows: &[BlockRow], block: usize) -> String {
     let cell = |r: &BlockRow| match r.kind {
         BlockKind::Shared => "▣",
+        BlockKind::Disk => "▤",
         BlockKind::Copied => "◩",
         BlockKind::Own => "□",
     };
@@ -72,8 +76,12 @@ fn blocks_line(rows: &[BlockRow], block: usize) -> String {
             None => format!("{}→#{}", r.logical, r.physical),
         })
         .collect();
+    let disk = match n(BlockKind::Disk) {
+        0 => String::new(),
+        d => format!(", {d} loaded from --kv-disk"),
+    };
     format!(
-        "blocks of {block}: {}  {} shared with earlier prompts (no copy), {} copied on write, {} its own | {}",
+        "blocks of {block}: {}  {} shared with earlier prompts (no copy){disk}, {} copied on write, {} its own | {}",
         rows.iter().map(cell).collect::<String>(),
         n(BlockKind::Shared),
         n(BlockKind::Copied),
@@ -139,7 +147,9 @@ fn diff(a: &DiffArgs) -> Result<Outcome> {
         }
         prompts.push(ids);
     }
-    let replayed = replay(&loaded.model, &prompts)?;
+    let store = a.kv_disk.open(&loaded.model)?;
+    let replayed = replay(&loaded.model, &prompts, store.as_ref())?;
+    drop(store); // waits for its writes
     let block = loaded.model.kv().block();
     let tok = &loaded.tokenizer;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
@@ -152,7 +162,7 @@ fn diff(a: &DiffArgs) -> Result<Outcome> {
             .zip(reports.iter().zip(&replayed))
             .map(|(f, (rep, r))| {
                 json!({"file": f.display().to_string(), "report": rep, "block_size": block, "blocks": r.blocks,
-                       "prefill_ms": ms(r.prefill), "cold_prefill_ms": ms(r.cold_prefill),
+                       "prefill_ms": ms(r.prefill), "cold_prefill_ms": ms(r.cold_prefill), "load_ms": ms(r.load),
                        "same_bits_as_cold": r.same_bits})
             })
             .collect();
@@ -167,18 +177,30 @@ fn diff(a: &DiffArgs) -> Result<Outcome> {
     for ((f, rep), r) in a.files.iter().zip(&reports).zip(&replayed) {
         outln!("\n{}: {} tokens", f.display(), rep.prompt_tokens);
         outln!("  {}  reused {} · computed {}", bar(rep.reused, rep.prompt_tokens), rep.reused, rep.recomputed);
+        if let Some(t) = rep.tiers.filter(|t| t.disk > 0) {
+            outln!("  reused {} from the prompt cache in RAM, {} loaded from --kv-disk", t.ram, t.disk);
+        }
         outln!("  {}", rep.sentence());
         outln!("  {}", blocks_line(&r.blocks, block));
         if let Some(c) = rep.context.as_ref().filter(|_| rep.cached_token.is_some()) {
             outln!("  cached: …{:?} ⟦ {:?} ⟧", c.before, c.cached_after);
             outln!("  this:   …{:?} ⟦ {:?} ⟧", c.before, c.new_after);
         }
-        outln!(
-            "  prefill {:.1} ms with the reused prefix, {:.1} ms from nothing ({} bits)",
-            ms(r.prefill),
-            ms(r.cold_prefill),
-            if r.same_bits { "the same" } else { "NOT the same" }
-        );
+        let bits = if r.same_bits { "the same" } else { "NOT the same" };
+        let load = if rep.tiers.is_none_or(|t| t.disk == 0) {
+            String::new()
+        } else {
+            format!("{:.1} ms loading from --kv-disk, ", ms(r.load))
+        };
+        if rep.reused == 0 {
+            outln!("  {load}prefill {:.1} ms (nothing was reused: nothing to compare it with)", ms(r.prefill));
+        } else {
+            outln!(
+                "  {load}prefill {:.1} ms with the reused prefix, {:.1} ms from nothing ({bits} bits)",
+                ms(r.prefill),
+                ms(r.cold_prefill)
+            );
+        }
     }
     Ok(Outcome::Done)
 }

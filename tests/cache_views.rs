@@ -296,3 +296,42 @@ fn cache_diff_stops_at_the_first_token_the_tokenizer_says_differs() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not read the prompt file examples/no-such.txt"));
 }
+
+/// `cache diff --kv-disk DIR`: the second run of the README's two prompts, in the other order,
+/// continues each from the disk tier the first run wrote: the later prompt whole (all but its last
+/// token) from disk, the earlier one from RAM up to the block that holds the first differing token
+/// (as Hugging Face's tokenizer says) and from disk after it, its blocks marked as loaded; the
+/// logits are the bits computed from nothing.
+#[test]
+fn cache_diff_with_kv_disk_continues_from_the_disk_tier_and_marks_its_blocks() {
+    let hf = tokenizers::Tokenizer::from_file(fixture_dir().join("tokenizer.json")).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prompt-cache");
+    let (a, b) = (dir.join("time-last-0914.txt"), dir.join("time-last-0915.txt"));
+    let ids = |p: &std::path::Path| {
+        let text = std::fs::read_to_string(p).unwrap();
+        hf.encode(text.strip_suffix('\n').unwrap(), false).unwrap().get_ids().to_vec()
+    };
+    let (ia, ib) = (ids(&a), ids(&b));
+    let stop = ia.iter().zip(&ib).position(|(x, y)| x != y).unwrap();
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let disk = tempfile::tempdir().unwrap();
+    let d = disk.path().to_str().unwrap();
+    let first =
+        json_of(&["cache", "diff", a, b, "--model", &model(), "--json", "--kv-disk", d, "--kv-block-size", "16"]);
+    assert_eq!(first[0]["report"]["tiers"]["disk"], 0, "an empty directory gives nothing");
+    let j = json_of(&["cache", "diff", b, a, "--model", &model(), "--json", "--kv-disk", d, "--kv-block-size", "16"]);
+    let tiers = |i: usize| j[i]["report"]["tiers"].clone();
+    assert_eq!(tiers(0), serde_json::json!({"ram": 0, "disk": ib.len() - 1, "redis": 0, "verified": 0}));
+    let start = stop / 16 * 16;
+    assert_eq!(tiers(1), serde_json::json!({"ram": start, "disk": ia.len() - 1 - start, "redis": 0, "verified": 0}));
+    let kinds = |i: usize| -> Vec<String> {
+        j[i]["blocks"].as_array().unwrap().iter().map(|r| r["kind"].as_str().unwrap().to_string()).collect()
+    };
+    assert!(kinds(0)[..(ib.len() - 1) / 16].iter().all(|k| k == "disk"), "{:?}", kinds(0));
+    assert!(kinds(1)[..start / 16].iter().all(|k| k == "shared") && kinds(1)[start / 16] == "disk", "{:?}", kinds(1));
+    for i in 0..2 {
+        assert_eq!(j[i]["same_bits_as_cold"], true, "loaded K/V give the logits computed from nothing");
+    }
+    let text = stdout(&["cache", "diff", b, a, "--model", &model(), "--kv-disk", d, "--kv-block-size", "16"]);
+    assert!(text.contains("▤") && text.contains("loaded from --kv-disk"), "{text}");
+}

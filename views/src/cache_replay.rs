@@ -11,6 +11,8 @@ use kvgpt_core::model::{Model, Scratch};
 use kvgpt_core::prefix_cache::{PrefixCache, ReuseStop};
 use kvgpt_core::sampler::Sampling;
 use kvgpt_core::sequence::Sequence;
+use kvgpt_core::store::{Store, TierReuse};
+use kvgpt_core::KvCache;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +27,8 @@ pub enum BlockKind {
     Copied,
     /// Taken from the pool for positions this prompt computed.
     Own,
+    /// Loaded from the disk tier (`--kv-disk`) for this prompt: past what the prompt cache held.
+    Disk,
 }
 
 /// One row of a sequence's block table.
@@ -66,6 +70,8 @@ pub struct Replayed {
     pub cold_prefill: Duration,
     /// Both prefills gave the same next-token logits, bit for bit.
     pub same_bits: bool,
+    /// Reading, checking and placing the blocks the disk tier gave (zero without one).
+    pub load: Duration,
 }
 
 /// Feeds what `seq` has not computed yet (everything after a restored prefix), timed; its logits.
@@ -76,26 +82,62 @@ fn prefill(model: &Model, seq: &mut Sequence) -> Result<(Duration, Vec<f32>)> {
     Ok((t0.elapsed(), seq.logits().to_vec()))
 }
 
+/// What the store gave `ids` beyond the prompt cache, put into the cache's tree as a server's
+/// load does: from which position, its blocks' positions, the blocks, and how long it took.
+fn load(
+    model: &Model,
+    pool: &Pool,
+    cache: &mut PrefixCache,
+    store: &Store,
+    ids: &[u32],
+) -> Result<(usize, usize, Vec<Arc<Block>>, Duration)> {
+    let t0 = Instant::now();
+    let (b, ram) = (model.kv().block(), cache.peek(ids));
+    let start = ram / b * b;
+    let mut kv = KvCache::in_pool(pool, &model.config, ids.len());
+    kv.map_prefix(&cache.blocks_of(ids, start).1, start)?;
+    let gave = store.extend(ids, &mut kv);
+    if start + gave <= ram {
+        return Ok((start, 0, vec![], t0.elapsed()));
+    }
+    cache.insert(&ids[..kv.len()], &kv);
+    Ok((start, gave, kv.blocks()[start / b..].to_vec(), t0.elapsed()))
+}
+
 /// Replays `prompts` in order through one prompt cache (unbounded: nothing is evicted), every
-/// sequence's blocks from one pool that can hold them all.
-pub fn replay(model: &Model, prompts: &[Vec<u32>]) -> Result<Vec<Replayed>> {
+/// sequence's blocks from one pool that can hold them all; with a `store` under it (`--kv-disk`),
+/// each prompt is continued from there first, and what it computed is written to it.
+pub fn replay(model: &Model, prompts: &[Vec<u32>], store: Option<&Store>) -> Result<Vec<Replayed>> {
     let mut cache = PrefixCache::new(usize::MAX);
     let b = model.kv().block();
-    let pool = Pool::new(&model.config, model.kv(), prompts.iter().map(|p| 2 * p.len().div_ceil(b) + 1).sum());
+    let pool = Pool::new(&model.config, model.kv(), prompts.iter().map(|p| 3 * p.len().div_ceil(b) + 1).sum());
     let new_seq = |ids: &[u32]| Sequence::new_in(Some(&pool), model, ids, (1, Sampling::GREEDY));
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let mut out = Vec::with_capacity(prompts.len());
     for ids in prompts {
         let (cold, cold_logits) = prefill(model, &mut new_seq(ids)?)?;
-        let found = cache.lookup(ids);
+        let (start, gave, loaded, load) = match store {
+            Some(s) => load(model, &pool, &mut cache, s, ids)?,
+            None => (0, 0, vec![], Duration::ZERO),
+        };
+        let mut found = cache.lookup(ids);
+        if store.is_some() {
+            found.stop.tiers = Some(TierReuse { disk: gave, ..TierReuse::default() }.of(start, found.len));
+        }
         let mut seq = new_seq(ids)?;
         seq.map_prefix(&found.blocks, found.len)?;
         let (warm, logits) = prefill(model, &mut seq)?;
-        let blocks = table(seq.cache().blocks(), &found.blocks);
+        let mut blocks = table(seq.cache().blocks(), &found.blocks);
+        for r in blocks.iter_mut().filter(|r| loaded.iter().any(|l| l.id() == r.physical)) {
+            r.kind = BlockKind::Disk;
+        }
         cache.insert(ids, seq.cache());
         cache.release(found.hold);
+        if let Some(s) = store {
+            s.save(&seq, ids.len());
+        }
         let same_bits = bits(&logits) == bits(&cold_logits);
-        out.push(Replayed { stop: found.stop, blocks, prefill: warm, cold_prefill: cold, same_bits });
+        out.push(Replayed { stop: found.stop, blocks, prefill: warm, cold_prefill: cold, same_bits, load });
     }
     Ok(out)
 }
