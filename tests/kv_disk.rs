@@ -39,7 +39,8 @@ fn fill(dir: &Path, p: &RefPrompt) {
 
 fn files(dir: &Path) -> Vec<std::path::PathBuf> {
     let subs = std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.path().is_dir());
-    subs.flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten().map(|f| f.path())).collect()
+    let all = subs.flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten().map(|f| f.path()));
+    all.filter(|f| f.extension().is_none_or(|e| e != "tmp")).collect() // written ones, not being written
 }
 
 /// Changes one K/V value of every block in `dir` and makes its checksum again over the altered
@@ -157,9 +158,9 @@ fn kv_verify_knows_the_blocks_it_wrote_by_their_sums_and_recomputes_altered_ones
     let (dir, p) = (tempfile::tempdir().unwrap(), prompt());
     let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap(), "--kv-verify", "1"]);
     assert_eq!(ask(&s, &p), (p.greedy_ids.clone(), 0));
-    let written = || s.metric("kvgpt_kv_store_written_blocks_total{tier=\"disk\"}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while written() < 6.0 && std::time::Instant::now() < deadline {
+    let t0 = std::time::Instant::now();
+    while files(dir.path()).len() < 6 {
+        assert!(t0.elapsed().as_secs() < 30, "the server wrote {} blocks", files(dir.path()).len());
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(s.post("/flush_cache", &json!({})).0, 200);

@@ -116,7 +116,12 @@ fn a_redis_with_a_password_and_a_database_is_signed_into_by_every_connection() {
     let url = format!("redis://:s3cret@127.0.0.1:{}/3", redis.port);
     let a = Server::start(&["--kv-redis", &url]);
     assert_eq!(ask(&a, &p), (p.greedy_ids.clone(), 0));
-    wait_metric(&a, "kvgpt_kv_store_written_blocks_total{tier=\"redis\"}", 9.0);
+    let t0 = Instant::now();
+    while redis.keys_as(&["--no-auth-warning", "-a", "s3cret", "-n", "3"]) < 9 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "A did not write its 9 blocks to database 3");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(redis.keys_as(&["--no-auth-warning", "-a", "s3cret"]), 0, "nothing in database 0");
     let b = Server::start(&["--kv-redis", &url]);
     assert_eq!(ask(&b, &p), (p.greedy_ids.clone(), 87), "B loads A's blocks from database 3");
     assert_eq!(b.metric("kvgpt_kv_store_hit_blocks_total{tier=\"redis\"}"), 6.0);

@@ -82,6 +82,15 @@ def run(a, verify, url, rng, logdir):
     return {c: statistics.median(t) for c, t in times.items()}
 
 
+def redis_server(binary):
+    """A redis-server on a free loopback port, no persistence: the process and its URL."""
+    port = free_port()
+    redis = subprocess.Popen([binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    return redis, f"redis://{HOST}:{port}"
+
+
 def flush(port):
     import http.client
     conn = http.client.HTTPConnection(HOST, port, timeout=30)
@@ -103,14 +112,11 @@ def main():
     a = p.parse_args()
     log(f"cpu: {cpu_model()}")
     logdir = tempfile.mkdtemp(prefix="kv_tiers_")
-    port = free_port()
-    redis = subprocess.Popen([a.redis_server, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.3)
+    redis, url = redis_server(a.redis_server)
     rng = random.Random(5)
     try:
         for verify in [float(v) for v in a.verify.split(",")]:
-            med = run(a, verify, f"redis://{HOST}:{port}", rng, logdir)
+            med = run(a, verify, url, rng, logdir)
             print(f"{a.kvgpt} ({git_rev(a.kvgpt) or '?'}) --kv-verify {verify}: {a.prefix}+{a.question} tokens, "
                   f"{a.reps} reps, median TTFT: " +
                   ", ".join(f"{c} {med[c] * 1e3:.1f} ms ({med[c] / med['miss']:.2f}x)" for c in CASES))

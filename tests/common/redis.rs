@@ -61,7 +61,14 @@ impl Redis {
 
     /// Keys the server holds (`redis-cli DBSIZE`).
     pub fn keys(&self) -> usize {
-        let out = Command::new("redis-cli").args(["-p", &self.port.to_string(), "DBSIZE"]).output().unwrap();
+        self.keys_as(&[])
+    }
+
+    /// Keys the server holds, asked with these `redis-cli` options (a password, a database).
+    #[allow(dead_code)] // not every test binary signs in
+    pub fn keys_as(&self, options: &[&str]) -> usize {
+        let out = Command::new("redis-cli").args(["-p", &self.port.to_string()]).args(options).arg("DBSIZE").output();
+        let out = out.unwrap();
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 

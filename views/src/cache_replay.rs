@@ -110,7 +110,9 @@ fn load(
 pub fn replay(model: &Model, prompts: &[Vec<u32>], store: Option<&Store>) -> Result<Vec<Replayed>> {
     let mut cache = PrefixCache::new(usize::MAX);
     let b = model.kv().block();
-    let pool = Pool::new(&model.config, model.kv(), prompts.iter().map(|p| 3 * p.len().div_ceil(b) + 1).sum());
+    // Each prompt's blocks in the tree, its cold run's, and its load's (a copy of a partial block).
+    let per = if store.is_some() { 3 } else { 2 };
+    let pool = Pool::new(&model.config, model.kv(), prompts.iter().map(|p| per * p.len().div_ceil(b) + 1).sum());
     let new_seq = |ids: &[u32]| Sequence::new_in(Some(&pool), model, ids, (1, Sampling::GREEDY));
     let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
     let mut out = Vec::with_capacity(prompts.len());

@@ -3,7 +3,7 @@
 
 use super::command::Command;
 use super::request::{CancelReason, Events, Flushed, Request, SeqId, SubmitError};
-use super::slot::Waiting;
+use super::slot::{TierLoad, Waiting};
 use crate::error::Error;
 use crate::kv_cache::Pool;
 use crate::model::Model;
@@ -59,10 +59,7 @@ impl EngineHandle {
         for req in reqs {
             let id: SeqId = self.next_id.fetch_add(1, Ordering::Relaxed);
             let (events, rx) = unbounded_channel();
-            if self
-                .tx
-                .send(Command::Submit(Waiting { id, req, events, submitted, looked_down: false, loaded: None }))
-                .is_err()
+            if self.tx.send(Command::Submit(Waiting { id, req, events, submitted, tiers: TierLoad::Unasked })).is_err()
             {
                 self.inflight.fetch_sub(n - out.len(), Ordering::Relaxed);
                 return Err(SubmitError::Stopped);

@@ -8,7 +8,8 @@
 //!    only the prompt cache holds count as free (they can be evicted), except those the prompt
 //!    would map: mapping them takes them from what eviction can give (a preempted sequence's own
 //!    blocks waiting in the cache are no room for it). With nothing running the first always goes
-//!    (the handle refused what the pool could never hold).
+//!    (the handle refused what the pool could never hold), unless its prefix is still being read
+//!    from the tiers under the prompt cache: nobody passes a sequence whose prefix is loading.
 //! 2. Start each admitted sequence from the longest prefix the prompt cache holds *now*, unless an
 //!    earlier sequence that has not produced its first token shares more of its prompt than the
 //!    cache holds: then it waits for that prompt to enter the cache rather than compute the same
@@ -23,6 +24,9 @@ use super::request::SeqId;
 /// Where a sequence in a slot is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
+    /// Waits for a slot while the tiers under the prompt cache read its prefix: it is not
+    /// admitted, nor is anyone after it, until they have answered.
+    Loading,
     /// Has a slot; waits to be started from the prompt cache.
     Admitted,
     /// Its prompt is being computed.
@@ -146,6 +150,9 @@ fn admissible(running: usize, waiting: &[SlotView], cached: &dyn Fn(&[u32]) -> C
     let slots = limits.parallel.saturating_sub(running);
     let mut admit = 0;
     for w in waiting.iter().take(slots) {
+        if w.phase == Phase::Loading {
+            break;
+        }
         let Cached { tokens, evictable } = cached(w.prompt);
         let need = w.prompt.len().div_ceil(block) - tokens / block + evictable;
         if need > budget && (running > 0 || admit > 0) {
@@ -168,6 +175,15 @@ mod tests {
     const LIMITS: Limits = Limits { parallel: 4, batch_tokens: 16, prefix_cache: true, memory: Memory::PLENTY };
     fn none(_: &[u32]) -> Cached {
         Cached::default()
+    }
+
+    #[test]
+    fn nobody_is_admitted_past_a_prefix_still_loading() {
+        let (a, b) = ([1, 2, 3], [4, 5]);
+        let waiting = [view(3, Phase::Loading, &a, 3), view(4, Phase::Admitted, &b, 2)];
+        assert_eq!(plan(&[], &waiting, &none, LIMITS).admit, 0, "not even with nothing running");
+        let loaded = [view(3, Phase::Admitted, &a, 3), view(4, Phase::Loading, &b, 2)];
+        assert_eq!(plan(&[], &loaded, &none, LIMITS).admit, 1, "up to the one still loading");
     }
 
     #[test]

@@ -15,15 +15,26 @@ pub(super) struct Waiting {
     pub req: Request,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
-    /// Whether the store was asked for its prompt's prefix, and what it loaded (from which
-    /// position, how many from each tier).
-    pub looked_down: bool,
-    pub loaded: Option<(usize, TierReuse)>,
+    /// What the tiers under the prompt cache were asked for its prompt's prefix.
+    pub tiers: TierLoad,
+}
+
+/// A waiting sequence's prefix in the tiers under the prompt cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum TierLoad {
+    /// Not asked yet.
+    #[default]
+    Unasked,
+    /// Being read, off the step loop (it is not admitted until the answer is placed).
+    Loading,
+    /// Answered: what was loaded, if anything (from which position, how many from each tier).
+    Loaded(Option<(usize, TierReuse)>),
 }
 
 impl Waiting {
     pub fn view(&self) -> SlotView<'_> {
-        SlotView { id: self.id, phase: Phase::Admitted, prompt: &self.req.prompt, pending: self.req.prompt.len() }
+        let phase = if self.tiers == TierLoad::Loading { Phase::Loading } else { Phase::Admitted };
+        SlotView { id: self.id, phase, prompt: &self.req.prompt, pending: self.req.prompt.len() }
     }
 
     pub fn gone(&self) -> bool {
@@ -66,7 +77,10 @@ impl Slot {
             events: w.events,
             hold: None,
             cached: 0,
-            loaded: w.loaded,
+            loaded: match w.tiers {
+                TierLoad::Loaded(l) => l,
+                _ => None,
+            },
             shared: 0,
             reuse: None,
             submitted: w.submitted,

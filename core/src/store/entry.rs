@@ -17,6 +17,11 @@ const MAGIC: &[u8; 8] = b"KVGPTBLK";
 pub(super) const VERSION: u32 = 1;
 const HEADER: usize = 8 + 4 + 32 + 4 + 1 + 4 * 3 + 4 + 4 + 32;
 
+/// The longest stored form of a block of `shape` (all `block` positions).
+pub(super) fn max_len(shape: BlockShape, block: usize) -> usize {
+    HEADER + 4 * (block + shape.n_layer * 2 * shape.n_head * block * shape.row_words()) + 32
+}
+
 /// A stored block read back and checked: positions `first..first + tokens.len()`.
 #[derive(Debug)]
 pub struct Entry {

@@ -13,14 +13,17 @@ mod audit;
 mod disk;
 mod entry;
 mod known;
+mod reader;
 mod redis;
 mod resp;
+mod tiers;
 mod writer;
 
 pub use self::redis::RedisTier;
 pub use audit::{audit, Audit};
 pub use disk::DiskTier;
 pub use entry::{Entry, Refusal};
+pub use reader::Fetched;
 pub use writer::{Check, Store, StoreCounts, TierCounts};
 
 use crate::model::Fingerprint;
@@ -52,6 +55,9 @@ pub trait Tier: Send + Sync {
     fn remove(&self, key: BlockKey);
     /// Blocks and bytes held, where the tier keeps count.
     fn held(&self) -> Option<(usize, u64)>;
+    /// Stored blocks are at most `bytes` long: a tier that reads over a network reads nothing
+    /// longer (a value planted there cannot make it take more memory).
+    fn expect_at_most(&self, _bytes: usize) {}
     /// Whether it answers now.
     fn up(&self) -> bool {
         true

@@ -2,17 +2,17 @@
 //! `kvgpt:kv:<key>`, written with `SET … NX` (a key names one content, so whoever writes first
 //! wrote what everyone would). Redis itself decides what it keeps (its `maxmemory` and policy).
 //!
-//! A Redis that is down, slow or full costs speed, never an answer: each call has a 200 ms
-//! timeout; a failed connection marks the tier down (a warning, the `up` gauge at 0), and calls
+//! A Redis that is down, slow or full costs speed, never an answer: each read and write on a
+//! connection waits 200 ms at most; a failed connection marks the tier down (a warning, the `up` gauge at 0), and calls
 //! answer "not here" at once until a reconnect, tried at most once a second, succeeds. A write
 //! Redis refuses (full) is counted as skipped. Reads and writes have connections of their own, so
-//! the engine's lookups never wait behind the writer's uploads; a load reads over two at once
-//! (parsing the replies is the client's cost, and the step loop waits for it).
+//! the engine's lookups never wait behind the writer's uploads; a load reads its blocks over two
+//! more at once, straight into buffers (`store/resp.rs`), falling back to the client's `MGET`.
 
-use super::resp::{Bulk, BulkError};
+use super::resp::Bulk;
 use super::{BlockKey, Tier};
 use redis::{Client, Commands, Connection};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,8 @@ pub struct RedisTier {
     read: Mutex<Link<Connection>>,
     /// Two connections that read blocks: a load's blocks are read half over each, at once.
     bulk: [Mutex<Link<Bulk>>; 2],
+    /// The longest a stored block can be (a longer value is not read: [`Tier::expect_at_most`]).
+    max_value: AtomicUsize,
     write: Mutex<Link<Connection>>,
     up: AtomicBool,
     /// Redis refuses commands (full): said once until one is taken again.
@@ -35,45 +37,6 @@ pub struct RedisTier {
 struct Link<C> {
     conn: Option<C>,
     retry_at: Instant,
-}
-
-/// A kind of connection to Redis: the `redis` crate's, or one that reads blocks in bulk.
-trait Conn: Sized {
-    type Error: std::fmt::Display;
-    fn open(client: &Client) -> Result<Self, Self::Error>;
-    /// Whether the connection is gone (else Redis refused the command).
-    fn broken(e: &Self::Error) -> bool;
-    /// Whether a refusal leaves the connection unusable too.
-    fn drop_on_refusal() -> bool;
-}
-
-impl Conn for Connection {
-    type Error = redis::RedisError;
-    fn open(client: &Client) -> redis::RedisResult<Connection> {
-        let c = client.get_connection_with_timeout(TIMEOUT)?;
-        c.set_read_timeout(Some(TIMEOUT))?;
-        c.set_write_timeout(Some(TIMEOUT))?;
-        Ok(c)
-    }
-    fn broken(e: &redis::RedisError) -> bool {
-        e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
-    }
-    fn drop_on_refusal() -> bool {
-        false
-    }
-}
-
-impl Conn for Bulk {
-    type Error = BulkError;
-    fn open(client: &Client) -> Result<Bulk, BulkError> {
-        Bulk::connect(client.get_connection_info(), TIMEOUT)
-    }
-    fn broken(e: &BulkError) -> bool {
-        matches!(e, BulkError::Io(_))
-    }
-    fn drop_on_refusal() -> bool {
-        true
-    }
 }
 
 impl RedisTier {
@@ -87,7 +50,16 @@ impl RedisTier {
         // Host, port and database, for the logs: no scheme (said there), no password.
         let shown = url.split('@').next_back().unwrap_or(url).trim_start_matches("redis://").to_string();
         let (up, refusing) = (AtomicBool::new(true), AtomicBool::new(false));
-        let tier = RedisTier { client, shown, read: link(), bulk: [link(), link()], write: link(), up, refusing };
+        let tier = RedisTier {
+            client,
+            shown,
+            read: link(),
+            bulk: [link(), link()],
+            max_value: AtomicUsize::new(usize::MAX),
+            write: link(),
+            up,
+            refusing,
+        };
         if !tier.ping() {
             tracing::warn!("the K/V tier redis://{} does not answer yet: serving without it until it does", tier.shown);
         }
@@ -101,7 +73,11 @@ impl RedisTier {
     /// Runs `f` on `link`'s connection (made first if there is none and a retry is due): None when
     /// Redis is down (or refused the command). A connection that breaks is made again at once,
     /// once (a restarted Redis drops every connection it had).
-    fn call<C: Conn, T>(&self, link: &Mutex<Link<C>>, mut f: impl FnMut(&mut C) -> Result<T, C::Error>) -> Option<T> {
+    fn call<T>(
+        &self,
+        link: &Mutex<Link<Connection>>,
+        mut f: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+    ) -> Option<T> {
         let mut l = link.lock().unwrap_or_else(|p| p.into_inner());
         for fresh_try in [false, true] {
             let fresh = l.conn.is_none();
@@ -109,7 +85,7 @@ impl RedisTier {
                 return None;
             }
             if fresh {
-                match C::open(&self.client) {
+                match self.connect() {
                     Ok(c) => l.conn = Some(c),
                     Err(e) => {
                         l.retry_at = Instant::now() + RETRY;
@@ -125,7 +101,9 @@ impl RedisTier {
                     }
                     return Some(v);
                 }
-                Err(e) if C::broken(&e) => {
+                Err(e)
+                    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() =>
+                {
                     l.conn = None;
                     if fresh {
                         l.retry_at = Instant::now() + RETRY;
@@ -134,9 +112,6 @@ impl RedisTier {
                     }
                 }
                 Err(e) => {
-                    if C::drop_on_refusal() {
-                        l.conn = None; // its reply may be half read
-                    }
                     if !self.refusing.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
                             "the K/V tier redis://{} refused a command ({e}): writes are skipped",
@@ -148,6 +123,45 @@ impl RedisTier {
             }
         }
         None
+    }
+
+    fn connect(&self) -> redis::RedisResult<Connection> {
+        let c = self.client.get_connection_with_timeout(TIMEOUT)?;
+        c.set_read_timeout(Some(TIMEOUT))?;
+        c.set_write_timeout(Some(TIMEOUT))?;
+        Ok(c)
+    }
+
+    /// `MGET` of `names` over the bulk connection `link` (made first if there is none and a
+    /// retry is due): None when it cannot be had or fails, the caller then asking through the
+    /// `redis` crate (which says whether Redis is down). A failure drops the connection (a
+    /// reply may be half read) and waits a second before the next attempt.
+    fn bulk_mget(&self, link: &Mutex<Link<Bulk>>, names: &[String]) -> Option<Vec<Option<Vec<u8>>>> {
+        let mut l = link.lock().unwrap_or_else(|p| p.into_inner());
+        if l.conn.is_none() {
+            if Instant::now() < l.retry_at {
+                return None;
+            }
+            let max = self.max_value.load(Ordering::Relaxed);
+            l.conn = Bulk::connect(self.client.get_connection_info(), TIMEOUT, max)
+                .map_err(|e| tracing::debug!("bulk reads from redis://{}: {e}", self.shown))
+                .ok();
+        }
+        let got = l.conn.as_mut()?.mget(names);
+        got.map_err(|e| {
+            tracing::debug!("a bulk read from redis://{} failed ({e}): read through the client", self.shown);
+            l.conn = None;
+            l.retry_at = Instant::now() + RETRY;
+        })
+        .ok()
+    }
+
+    /// `MGET` of `names`: over a bulk connection, else through the `redis` crate; None for every
+    /// name when Redis cannot answer.
+    fn mget(&self, bulk: &Mutex<Link<Bulk>>, names: &[String]) -> Vec<Option<Vec<u8>>> {
+        self.bulk_mget(bulk, names)
+            .or_else(|| self.call(&self.read, |c| redis::cmd("MGET").arg(names).query::<Vec<Option<Vec<u8>>>>(c)))
+            .unwrap_or_else(|| vec![None; names.len()])
     }
 
     fn down(&self, e: &dyn std::fmt::Display) {
@@ -187,20 +201,18 @@ impl Tier for RedisTier {
             return vec![];
         }
         let names: Vec<String> = keys.iter().map(|&k| name(k)).collect();
-        let mget = |link: &Mutex<Link<Bulk>>, names: &[String]| {
-            self.call(link, |c| c.mget(names)).unwrap_or_else(|| vec![None; names.len()])
-        };
         if names.len() == 1 {
-            return mget(&self.bulk[0], &names);
+            return self.mget(&self.bulk[0], &names);
         }
         let (first, second) = names.split_at(names.len() / 2);
-        let (mut got, rest) = std::thread::scope(|s| {
-            let other = s.spawn(|| mget(&self.bulk[1], second));
-            let got = mget(&self.bulk[0], first);
-            (got, other.join().unwrap_or_else(|_| vec![None; second.len()]))
-        });
-        got.extend(rest);
-        got
+        std::thread::scope(|s| {
+            let other = std::thread::Builder::new().spawn_scoped(s, || self.mget(&self.bulk[1], second));
+            let mut got = self.mget(&self.bulk[0], first);
+            // No second thread (or it failed): the second half on this one.
+            let rest = other.ok().and_then(|t| t.join().ok()).unwrap_or_else(|| self.mget(&self.bulk[0], second));
+            got.extend(rest);
+            got
+        })
     }
 
     fn get(&self, key: BlockKey) -> Option<Vec<u8>> {
@@ -222,6 +234,10 @@ impl Tier for RedisTier {
 
     fn held(&self) -> Option<(usize, u64)> {
         None
+    }
+
+    fn expect_at_most(&self, bytes: usize) {
+        self.max_value.store(bytes, Ordering::Relaxed);
     }
 
     fn up(&self) -> bool {

@@ -9,15 +9,18 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-/// The longest value Redis holds (its `proto-max-bulk-len` default, 512 MiB).
-const MAX_VALUE: i64 = 512 << 20;
+/// The longest reply line read (a type byte, a count, CRLF; or a short error).
+const MAX_LINE: u64 = 4096;
 
 /// A stream to Redis (TCP, or a Unix socket).
 trait Stream: Read + Write + Send {}
 impl<S: Read + Write + Send> Stream for S {}
 
-/// One connection that only reads blocks.
-pub(super) struct Bulk(BufReader<Box<dyn Stream>>);
+/// One connection that only reads blocks, none longer than `max` bytes.
+pub(super) struct Bulk {
+    stream: BufReader<Box<dyn Stream>>,
+    max: usize,
+}
 
 /// Why a read failed: the connection (it is dropped), or Redis said no (an error reply).
 #[derive(Debug)]
@@ -52,15 +55,16 @@ fn command(args: &[&[u8]]) -> Vec<u8> {
 }
 
 impl Bulk {
-    /// A connection to the Redis `info` names, signed in and on its database, whose every read and
-    /// write waits `timeout` at most.
-    pub(super) fn connect(info: &ConnectionInfo, timeout: Duration) -> Result<Bulk, BulkError> {
+    /// A connection to the Redis `info` names (each of its addresses tried in turn), signed in
+    /// and on its database, whose every read and write waits `timeout` at most, for values of
+    /// at most `max` bytes.
+    pub(super) fn connect(info: &ConnectionInfo, timeout: Duration, max: usize) -> Result<Bulk, BulkError> {
         let stream: Box<dyn Stream> = match info.addr() {
             ConnectionAddr::Tcp(host, port) => {
-                let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))?
-                    .next()
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address")))?;
-                let s = TcpStream::connect_timeout(&addr, timeout)?;
+                let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"));
+                let mut tried = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), *port))?
+                    .map(|addr| TcpStream::connect_timeout(&addr, timeout).map_err(|e| last = e));
+                let s = tried.find_map(Result::ok).ok_or(last)?;
                 s.set_nodelay(true)?;
                 s.set_read_timeout(Some(timeout))?;
                 s.set_write_timeout(Some(timeout))?;
@@ -75,7 +79,7 @@ impl Bulk {
             }
             other => return Err(BulkError::Refused(format!("{other:?} is not read in bulk"))),
         };
-        let mut bulk = Bulk(BufReader::with_capacity(1 << 16, stream));
+        let mut bulk = Bulk { stream: BufReader::with_capacity(1 << 16, stream), max };
         let r = info.redis_settings();
         match (r.username(), r.password()) {
             (Some(user), Some(pass)) => bulk.ok(&[b"AUTH", user.as_bytes(), pass.as_bytes()])?,
@@ -90,7 +94,7 @@ impl Bulk {
 
     /// Sends `args` and expects a simple `+…` reply.
     fn ok(&mut self, args: &[&[u8]]) -> Result<(), BulkError> {
-        self.0.get_mut().write_all(&command(args))?;
+        self.stream.get_mut().write_all(&command(args))?;
         let line = self.line()?;
         match line.first() {
             Some(b'+') => Ok(()),
@@ -101,7 +105,7 @@ impl Bulk {
     /// One reply line, without its CRLF.
     fn line(&mut self) -> Result<Vec<u8>, BulkError> {
         let mut line = vec![];
-        self.0.read_until(b'\n', &mut line)?;
+        (&mut self.stream).take(MAX_LINE).read_until(b'\n', &mut line)?;
         if !line.ends_with(b"\r\n") {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a reply line was cut").into());
         }
@@ -123,7 +127,7 @@ impl Bulk {
     pub(super) fn mget(&mut self, names: &[String]) -> Result<Vec<Option<Vec<u8>>>, BulkError> {
         let mut args: Vec<&[u8]> = vec![b"MGET"];
         args.extend(names.iter().map(|n| n.as_bytes()));
-        self.0.get_mut().write_all(&command(&args))?;
+        self.stream.get_mut().write_all(&command(&args))?;
         if self.count(b'*')? != names.len() as i64 {
             return Err(BulkError::Refused("MGET answered another number of values".into()));
         }
@@ -134,12 +138,15 @@ impl Bulk {
                 out.push(None);
                 continue;
             }
-            if len > MAX_VALUE {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "a value longer than Redis holds").into());
+            if len as u64 > self.max as u64 {
+                return Err(BulkError::Refused(format!("a value of {len} bytes, longer than any block")));
             }
             let mut value = vec![0u8; len as usize + 2];
-            self.0.read_exact(&mut value)?;
-            value.truncate(len as usize); // the CRLF after it
+            self.stream.read_exact(&mut value)?;
+            if !value.ends_with(b"\r\n") {
+                return Err(BulkError::Refused("a value not followed by CRLF".into()));
+            }
+            value.truncate(len as usize);
             out.push(Some(value));
         }
         Ok(out)

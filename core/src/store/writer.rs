@@ -2,14 +2,15 @@
 //! its own (the step loop only hands over references to the blocks, which nobody writes while
 //! they are shared), and lookups that continue where the prompt cache stops, tier by tier.
 
-use super::entry::{decode, encode, Entry, Refusal};
+use super::entry::{encode, max_len, Entry};
 use super::known::Known;
+use super::reader::{Fetched, Reader};
+use super::tiers::{TierStats, Tiers};
 use super::{BlockKey, Keying, Tier};
 use crate::error::Result;
 use crate::kv_cache::{Block, BlockShape, KvCache};
 use crate::model::Model;
 use crate::sequence::Sequence;
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender};
 use std::sync::Arc;
@@ -20,17 +21,6 @@ use std::thread::JoinHandle;
 const QUEUE: usize = 64;
 /// Tiers a store may have (the disk, Redis).
 pub const MAX_TIERS: usize = 2;
-const REASONS: [Refusal; 4] = [Refusal::Header, Refusal::Truncated, Refusal::Checksum, Refusal::Mismatch];
-
-/// What a tier did.
-#[derive(Debug, Default)]
-struct TierStats {
-    written: AtomicU64,
-    skipped: AtomicU64,
-    hits: AtomicU64,
-    bytes: AtomicU64,
-    refused: [AtomicU64; 4],
-}
 
 /// A snapshot of what one tier did and holds, for the gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,16 +61,6 @@ pub enum Check {
     Prove,
 }
 
-struct Tiers {
-    keying: Keying,
-    shape: BlockShape,
-    tiers: Vec<(Box<dyn Tier>, TierStats)>,
-    /// Blocks handed to the writer and not yet written, and the most there may be.
-    inflight: AtomicUsize,
-    max_inflight: AtomicUsize,
-    known: Known,
-}
-
 /// Blocks of `ids` (a prefix the prompt cache stored), from logical block `first` on, to write.
 struct Job {
     ids: Vec<u32>,
@@ -97,6 +77,7 @@ pub struct Store {
     refuted: AtomicU64,
     tx: Option<SyncSender<Job>>,
     writer: Option<JoinHandle<()>>,
+    reader: Reader,
 }
 
 impl std::fmt::Debug for Store {
@@ -115,6 +96,7 @@ impl Store {
     /// at most [`MAX_TIERS`]), with its writer thread.
     pub fn new(keying: Keying, shape: BlockShape, tiers: Vec<Box<dyn Tier>>) -> std::io::Result<Store> {
         assert!(tiers.len() <= MAX_TIERS, "at most {MAX_TIERS} tiers");
+        tiers.iter().for_each(|t| t.expect_at_most(max_len(shape, keying.block)));
         let tiers = tiers.into_iter().map(|t| (t, TierStats::default())).collect();
         let (inflight, max_inflight) = (AtomicUsize::new(0), AtomicUsize::new(usize::MAX));
         let tiers = Arc::new(Tiers { keying, shape, tiers, inflight, max_inflight, known: Known::default() });
@@ -127,7 +109,9 @@ impl Store {
             }
         })?;
         let (verified, verified_known, refuted) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-        Ok(Store { tiers, verify: 0.0, verified, verified_known, refuted, tx: Some(tx), writer: Some(writer) })
+        let reader = Reader::start(tiers.clone())?;
+        let writer = Some(writer);
+        Ok(Store { tiers, verify: 0.0, verified, verified_known, refuted, tx: Some(tx), writer, reader })
     }
 
     /// Proves the share `p` (0 to 1) of the blocks loaded back by recomputing them.
@@ -281,107 +265,27 @@ impl Store {
         self.tiers.max_inflight.store(blocks.max(1), Ordering::Relaxed);
     }
 
-    /// The stored blocks that continue `ids` from position `start` (a block boundary) up to
-    /// position `max`, in order, as `(tier, key, positions stored)`: whole blocks while a tier
-    /// holds them, then the longest stored part of the next (token exact: its tokens are the
-    /// ids', possibly past `max`, of which only those before `max` are used). Nothing is read;
-    /// each tier is asked twice at most (the whole blocks, then the parts of the next).
+    /// [`Tiers::find`]: the stored blocks that continue `ids` from `start` up to `max`.
     pub fn find(&self, ids: &[u32], start: usize, max: usize) -> Vec<(usize, BlockKey, usize)> {
-        let k = &self.tiers.keying;
-        let (b, end) = (k.block, max.min(ids.len()));
-        if start >= end {
-            return vec![];
-        }
-        let keys = k.chain(ids);
-        // Whole blocks from start/B, as far as the ids have them (the last may pass `max`).
-        let whole: Vec<BlockKey> = keys[(start / b).min(keys.len())..keys.len().min(end.div_ceil(b))].to_vec();
-        let holders = self.holders(&whole);
-        let mut out: Vec<(usize, BlockKey, usize)> = vec![];
-        for (key, tier) in whole.iter().zip(holders) {
-            match tier {
-                Some(t) => out.push((t, *key, b)),
-                None => break,
-            }
-        }
-        let j = start / b + out.len();
-        if j * b >= end {
-            return out;
-        }
-        // The next block in part: the longest stored prefix of its tokens, from the ids'.
-        let parent = if j == 0 { BlockKey::ROOT } else { keys[j - 1] };
-        let parts: Vec<(BlockKey, usize)> = (1..b.min(ids.len() - j * b) + 1)
-            .rev()
-            .filter(|&n| n < b)
-            .map(|n| (k.key(parent, j * b, &ids[j * b..j * b + n]), n))
-            .collect();
-        let holders = self.holders(&parts.iter().map(|&(key, _)| key).collect::<Vec<_>>());
-        if let Some(((key, n), t)) = parts.iter().zip(holders).find_map(|(p, t)| t.map(|t| (p, t))) {
-            out.push((t, *key, *n));
-        }
-        out
+        self.tiers.find(ids, start, max)
     }
 
-    /// For each key, the first tier that holds it.
-    fn holders(&self, keys: &[BlockKey]) -> Vec<Option<usize>> {
-        let mut out = vec![None; keys.len()];
-        for (i, (tier, _)) in self.tiers.tiers.iter().enumerate() {
-            let ask: Vec<BlockKey> = keys.iter().zip(&out).filter(|(_, h)| h.is_none()).map(|(&k, _)| k).collect();
-            if ask.is_empty() {
-                break;
-            }
-            let mut has = tier.has_many(&ask).into_iter();
-            for h in out.iter_mut().filter(|h| h.is_none()) {
-                if has.next().unwrap_or(false) {
-                    *h = Some(i);
-                }
-            }
-        }
-        out
-    }
-
-    /// Reads the blocks [`Store::find`] found, in order (each tier's in one request), checking
-    /// each; a block refused (its header, length, checksum or key) is counted, removed, and ends
-    /// the run, as does one its tier no longer gives.
+    /// [`Tiers::load`]: the blocks `find` found, read and checked.
     pub fn load(&self, found: &[(usize, BlockKey, usize)]) -> Vec<(usize, Entry)> {
-        let t = &self.tiers;
-        let mut bytes: Vec<Option<Vec<u8>>> = vec![None; found.len()];
-        for (i, (tier, _)) in t.tiers.iter().enumerate() {
-            let mine: Vec<usize> = (0..found.len()).filter(|&f| found[f].0 == i).collect();
-            let got = tier.get_many(&mine.iter().map(|&f| found[f].1).collect::<Vec<_>>());
-            for (f, g) in mine.into_iter().zip(got) {
-                bytes[f] = g;
-            }
-        }
-        // Checked on every core (the step loop waits for them; a checksum is most of the cost).
-        let checked: Vec<Option<Result<Entry, Refusal>>> = found
-            .par_iter()
-            .zip(bytes)
-            .map(|(&(_, key, _), bytes)| bytes.map(|b| decode(b, &t.keying, t.shape, key)))
-            .collect();
-        let mut out = vec![];
-        for (&(i, key, _), checked) in found.iter().zip(checked) {
-            let (tier, stats) = &t.tiers[i];
-            let Some(checked) = checked else { break };
-            match checked {
-                Ok(entry) => {
-                    stats.hits.fetch_add(1, Ordering::Relaxed);
-                    stats.bytes.fetch_add(entry.len_bytes() as u64, Ordering::Relaxed);
-                    out.push((i, entry));
-                }
-                Err(r) => {
-                    tracing::warn!(
-                        "a stored K/V block {key:?} ({}) was refused ({}) and removed",
-                        tier.name(),
-                        r.as_str()
-                    );
-                    stats.refused[REASONS.iter().position(|&x| x == r).expect("every reason")]
-                        .fetch_add(1, Ordering::Relaxed);
-                    tier.remove(key);
-                    break;
-                }
-            }
-        }
-        out
+        self.tiers.load(found)
+    }
+
+    /// Asks the reading thread for the stored blocks that continue `ids` past the `ram`
+    /// positions the prompt cache holds (from its last whole block), up to `max`, for the
+    /// waiting sequence `id`: [`Store::find`], then [`Store::load`] if they go past `ram`. The
+    /// answer comes from [`Store::fetched`]. False when no answer will come (the reader is gone).
+    pub fn fetch(&self, id: u64, ids: &[u32], ram: usize, max: usize) -> bool {
+        self.reader.ask(id, ids, ram, max)
+    }
+
+    /// The answers to [`Store::fetch`] that have come since the last call.
+    pub fn fetched(&self) -> Vec<Fetched> {
+        self.reader.answers()
     }
 }
 

@@ -21,7 +21,7 @@ use crate::sequence::Sequence;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Where the engine's KV-cache events go (they count in the pool's blocks).
 pub(super) type KvEventSink = tokio::sync::mpsc::UnboundedSender<Vec<BlockEvent>>;
@@ -81,11 +81,18 @@ impl Engine {
             if idle && self.draining {
                 return;
             }
-            // Wait for work when idle; otherwise take whatever has arrived and go on.
+            // Wait for work when idle; otherwise take whatever has arrived and go on. With nothing
+            // to run until the tiers answer, wait a millisecond at a time for either.
             if idle {
                 match rx.recv() {
                     Ok(c) => self.command(c, monitor),
                     Err(_) => return, // every handle is gone
+                }
+            } else if self.stalled() {
+                match rx.recv_timeout(Duration::from_millis(1)) {
+                    Ok(c) => self.command(c, monitor),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(1)),
                 }
             }
             self.commands(&rx, monitor);

@@ -1,8 +1,10 @@
 //! The tiers under the pool (`crate::store`): what the prompt cache stores goes down to them
-//! (its blocks handed to the store's writer thread), and before each plan the next waiting
-//! prompts' prefixes are looked up there beyond what the prompt cache holds; what is found is
-//! loaded into the pool and the tree, so the plan finds it as any cached prefix.
+//! (its blocks handed to the store's writer thread), and the next waiting prompts' prefixes are
+//! looked up there beyond what the prompt cache holds, by the store's reading thread while the
+//! running sequences step; what it found is placed into the pool and the tree before a plan, so
+//! the plan finds it as any cached prefix. A prompt is not admitted while its prefix is read.
 
+use super::super::slot::TierLoad;
 use super::Engine;
 use crate::kv_cache::KvCache;
 use crate::prefix_cache::Change;
@@ -25,70 +27,76 @@ impl Engine {
         }
     }
 
-    /// Looks the prompts of the waiting sequences that could take a slot now up in the store,
-    /// once each, and loads what it holds beyond the prompt cache.
+    /// Places what the tiers gave since the last step, then asks them, off the step loop, for
+    /// the prefixes of the waiting sequences that could take a slot now (once each).
     pub(super) fn load_from_store(&mut self) {
-        if self.cfg.store.is_none() || self.cfg.cache_bytes == 0 {
-            return;
+        let Some(store) = self.cfg.store.clone().filter(|_| self.cfg.cache_bytes > 0) else { return };
+        for f in store.fetched() {
+            let loaded = self.place(f.start, &f.ids, f.found);
+            // A sequence cancelled meanwhile leaves its blocks to the prompt cache.
+            if let Some(w) = self.waiting.iter_mut().find(|w| w.id == f.id) {
+                w.tiers = TierLoad::Loaded(loaded);
+            }
         }
         let free = self.cfg.parallel.saturating_sub(self.slots.len());
-        let mut prompts = vec![];
-        for w in self.waiting.iter_mut().take(free).filter(|w| !w.looked_down) {
-            w.looked_down = true;
-            prompts.push((w.id, w.req.prompt.clone()));
-        }
-        for (id, ids) in prompts {
-            let loaded = self.load_prefix(&ids);
-            if let Some(w) = self.waiting.iter_mut().find(|w| w.id == id) {
-                w.loaded = loaded;
-            }
+        for w in self.waiting.iter_mut().take(free).filter(|w| w.tiers == TierLoad::Unasked) {
+            let (ids, max) = (&w.req.prompt, w.req.prompt.len().saturating_sub(1));
+            let ram = self.cache.peek(ids);
+            let asked = ram < max && store.fetch(w.id, ids, ram, max);
+            w.tiers = if asked { TierLoad::Loading } else { TierLoad::Loaded(None) };
         }
     }
 
-    /// Loads the stored blocks that continue the prompt cache's prefix of `ids` (from its last
-    /// whole block; at most all but the last token) into the pool, and gives them to the tree:
-    /// from which position, and how many positions each tier gave.
-    fn load_prefix(&mut self, ids: &[u32]) -> Option<(usize, TierReuse)> {
+    /// Whether the engine can do nothing until the tiers answer: nothing runs, and the oldest
+    /// waiting sequence's prefix is still being read.
+    pub(super) fn stalled(&self) -> bool {
+        self.slots.is_empty()
+            && self.preempted.is_empty()
+            && self.waiting.front().is_some_and(|w| w.tiers == TierLoad::Loading)
+    }
+
+    /// Puts the stored blocks `loaded` (read for `ids` from position `start`, a block boundary)
+    /// into the pool after the prompt cache's prefix, proving those `--kv-verify` chooses, and
+    /// gives them to the tree: from which position, and how many positions each tier gave. The
+    /// tree may have changed since they were asked for: they continue what it holds at `start`
+    /// now, or are not used.
+    fn place(&mut self, start: usize, ids: &[u32], loaded: Vec<(usize, Entry)>) -> Option<(usize, TierReuse)> {
         let store = self.cfg.store.clone().expect("a store");
-        let (b, max) = (self.pool.shape().positions, ids.len().saturating_sub(1));
-        let ram = self.cache.peek(ids);
-        let start = ram / b * b;
-        let found = store.find(ids, start, max);
-        if (start + found.iter().map(|&(_, _, n)| n).sum::<usize>()).min(max) <= ram {
+        let (ram, max) = (self.cache.peek(ids), ids.len().saturating_sub(1));
+        if start + loaded.iter().map(|(_, e)| e.tokens.len()).sum::<usize>().min(max) <= ram {
             return None;
         }
         // Room for the loaded blocks (a run proved first is recomputed in blocks given back before
         // its own are appended, so proving takes no more at once).
-        while self.pool.free_blocks() < found.len() && self.cache.evict_for_pool() {}
-        let found = &found[..found.len().min(self.pool.free_blocks())];
+        while self.pool.free_blocks() < loaded.len() && self.cache.evict_for_pool() {}
+        let loaded = &loaded[..loaded.len().min(self.pool.free_blocks())];
         let mut kv = KvCache::in_pool(&self.pool, &self.runner.model.config, ids.len());
         // The eviction may have cut the prompt's path short of `start`: then nothing is loaded.
         let (held, blocks) = self.cache.blocks_of(ids, start);
         if held < start || kv.map_prefix(&blocks, start).is_err() {
             return None;
         }
-        let loaded = store.load(found);
         let mut gave = TierReuse::default();
+        let checks: Vec<Check> = loaded.iter().map(|(_, e)| store.check(e)).collect();
         let mut i = 0;
         'load: while i < loaded.len() {
             // A block not to recompute goes alone; a run of blocks to recompute, in one forward
             // (at --kv-verify 1, all that this process does not know).
-            let check = store.check(&loaded[i].1);
-            let proving = check == Check::Prove;
-            let run = if proving { loaded[i..].iter().take_while(|(_, e)| store.check(e) == check).count() } else { 1 };
+            let (check, proving) = (checks[i], checks[i] == Check::Prove);
+            let run = if proving { checks[i..].iter().take_while(|&&c| c == check).count() } else { 1 };
             // Unproved for want of blocks to recompute in: not used, and not held against the store.
             let Some(good) = (if proving { self.proved(&kv, ids, &loaded[i..i + run]) } else { Some(1) }) else {
                 break;
             };
-            if check == Check::Known {
-                store.proved(check, [&loaded[i].1]);
-            }
             for (tier, e) in &loaded[i..i + good] {
                 if kv.append_held(e.rows(), e.tokens.len()).is_err() {
                     break 'load; // the pool is full: what is appended so far is used
                 }
                 gave.add(store.tier_name(*tier), e.tokens.len());
                 gave.verified += if check == Check::Trusted { 0 } else { e.tokens.len() };
+                if check == Check::Known {
+                    store.proved(check, [e]);
+                }
             }
             if good < run {
                 let (tier, e) = &loaded[i + good];
