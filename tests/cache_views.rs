@@ -335,3 +335,51 @@ fn cache_diff_with_kv_disk_continues_from_the_disk_tier_and_marks_its_blocks() {
     let text = stdout(&["cache", "diff", b, a, "--model", &model(), "--kv-disk", d, "--kv-block-size", "16"]);
     assert!(text.contains("▤") && text.contains("loaded from --kv-disk"), "{text}");
 }
+
+/// `inspect cache --kv-disk DIR` marks each block with where it stands in the directory
+/// `generate --kv-disk` wrote: its content address is the name of a file there, and the stored
+/// rows are the bits this run computed; a block altered behind its checksum is shown with other
+/// bits, one flipped under it as refused, and a block the directory lacks as not stored.
+#[test]
+fn inspect_cache_with_kv_disk_marks_each_block_by_where_it_is_stored() {
+    let p = Reference::load().prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let disk = tempfile::tempdir().unwrap();
+    let d = disk.path().to_str().unwrap();
+    let n = p.greedy_ids.len().to_string();
+    assert!(kvgpt(&["generate", &p.text, "-n", &n, "--ignore-eos", "--model", &model(), "--kv-disk", d])
+        .status
+        .success());
+    let m = model();
+    let view = |extra: &[&str]| {
+        let args = [&["inspect", "cache", &p.text, "--model", &m, "--kv-disk", d, "--json"][..], extra].concat();
+        let j = json_of(&args);
+        j["block_table"].as_array().unwrap().iter().map(|e| e["stored"].clone()).collect::<Vec<_>>()
+    };
+    // 88 prompt tokens and 8 decoded: six whole blocks of 16, all written by generate.
+    let marks = view(&["--generate", "8"]);
+    assert_eq!(marks.len(), 6);
+    let file = |key: &str| disk.path().join(&key[..2]).join(format!("{key}.kvb"));
+    for m in &marks {
+        assert_eq!((m["tier"].as_str(), m["same_bits"].as_bool()), (Some("disk"), Some(true)), "{m}");
+        assert!(file(m["key"].as_str().unwrap()).is_file(), "the content address names the file: {m}");
+    }
+    let last = |extra: &[&str]| view(extra).last().unwrap().clone();
+    assert_eq!(last(&["--generate", "9"])["tier"], serde_json::Value::Null, "97 positions: a part no run stored");
+    let f = file(marks[5]["key"].as_str().unwrap());
+    let mut bytes = std::fs::read(&f).unwrap();
+    let body = bytes.len() - 32;
+    bytes[body - 2] ^= 1;
+    let sum = *blake3::hash(&bytes[..body]).as_bytes();
+    bytes[body..].copy_from_slice(&sum);
+    std::fs::write(&f, &bytes).unwrap();
+    assert_eq!(last(&["--generate", "8"])["same_bits"], false, "altered behind its checksum: other bits");
+    bytes[body - 2] ^= 2;
+    std::fs::write(&f, &bytes).unwrap();
+    assert_eq!(last(&["--generate", "8"])["same_bits"], serde_json::Value::Null, "flipped under it: refused");
+    let html = disk.path().join("cache.html");
+    let out =
+        kvgpt(&["inspect", "cache", &p.text, "--model", &model(), "--kv-disk", d, "--html", html.to_str().unwrap()]);
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("<td class=\"same\">stored, the same bits"), "the HTML's block table marks them");
+}

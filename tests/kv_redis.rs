@@ -33,6 +33,19 @@ fn wait_metric(s: &Server, metric: &str, want: f64) {
     }
 }
 
+/// The keys Redis holds once no write has come for 300 ms (at most 10 s).
+fn settled(redis: &Redis) -> usize {
+    let (t0, mut last, mut since) = (Instant::now(), redis.keys(), Instant::now());
+    while since.elapsed() < Duration::from_millis(300) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(30));
+        let now = redis.keys();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
 #[test]
 fn a_replica_serves_from_redis_the_prefix_another_computed() {
     let Some(redis) = Redis::start() else { return };
@@ -128,4 +141,31 @@ fn a_redis_with_a_password_and_a_database_is_signed_into_by_every_connection() {
     let wrong = Server::start(&["--kv-redis", &format!("redis://:wrong@127.0.0.1:{}/3", redis.port)]);
     assert_eq!(ask(&wrong, &p), (p.greedy_ids.clone(), 0), "nothing from a Redis it cannot sign into");
     assert_eq!(wrong.metric("kvgpt_kv_store_up{tier=\"redis\"}"), 0.0);
+}
+
+/// A Redis that hangs (stopped: its connections open, nothing answered) costs no answer: each
+/// lookup waits for the tier's timeout at most, the tier is said to be down, and when Redis goes
+/// on the server uses it again — what it computed meanwhile is written, and another replica loads it.
+#[test]
+fn a_hung_redis_fails_no_request_and_is_used_again_when_it_answers() {
+    let Some(redis) = Redis::start() else { return };
+    let ps = prompts();
+    let s = Server::start(&["--kv-redis", &redis.url()]);
+    assert_eq!(ask(&s, &ps[0]), (ps[0].greedy_ids.clone(), 0));
+    let before = settled(&redis);
+    assert!(before > 0, "nothing written");
+    redis.hang(true);
+    for p in &ps[1..3] {
+        assert_eq!(ask(&s, p).0, p.greedy_ids, "{}: answered with Redis hung", p.key);
+    }
+    wait_metric(&s, "kvgpt_kv_store_up{tier=\"redis\"}", 0.0);
+    assert!(s.log_lines(1, |l| l.contains("redis") && l.contains("is down")).len() == 1, "said once");
+    redis.hang(false);
+    std::thread::sleep(Duration::from_millis(1100)); // past the reconnect's back-off
+    assert_eq!(ask(&s, &ps[3]).0, ps[3].greedy_ids);
+    wait_metric(&s, "kvgpt_kv_store_up{tier=\"redis\"}", 1.0);
+    assert!(settled(&redis) > before, "what was computed after Redis went on never reached it");
+    let b = Server::start(&["--kv-redis", &redis.url()]);
+    let (ids, cached) = ask(&b, &ps[3]);
+    assert_eq!((ids, cached as usize), (ps[3].greedy_ids.clone(), ps[3].ids.len() - 1), "B loads A's blocks");
 }

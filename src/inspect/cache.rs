@@ -4,6 +4,7 @@
 
 use super::session::{do_export, selected, write_text, Common, Session};
 use crate::common::print_json;
+use crate::kv_disk::KvDiskArgs;
 use anyhow::{bail, Result};
 use clap::Args;
 use kvgpt_core::export::Named;
@@ -44,6 +45,11 @@ pub struct CacheArgs {
     /// with and without the cache, the scores and the K/V values.
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Mark each block with where it stands in this --kv-disk directory (the one `serve` and
+    /// `generate` keep): its content address, and whether the stored block is the bits this run
+    /// computed. Read only: nothing is written.
+    #[arg(long, value_name = "DIR")]
+    pub kv_disk: Option<PathBuf>,
 }
 
 pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
@@ -55,7 +61,14 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
         layer: selected(a.layer, cfg.n_layer, "layer")?[0],
         head: selected(a.head, cfg.n_head, "head")?[0],
     };
-    let (view, kv) = cache_view(&s.loaded, &s.ids, &ask)?;
+    if let Some(d) = a.kv_disk.as_ref().filter(|d| !d.is_dir()) {
+        bail!(
+            "--kv-disk {}: no such directory (give the one `serve --kv-disk` or `generate --kv-disk` keeps)",
+            d.display()
+        );
+    }
+    let store = KvDiskArgs { kv_disk: a.kv_disk.clone(), kv_disk_gb: f64::MAX }.open(&s.loaded.model)?;
+    let (view, kv) = cache_view(&s.loaded, &s.ids, &ask, store.as_ref())?;
     let steps = view.steps.len();
     if let Some(st) = a.step.filter(|&st| st >= steps) {
         match steps {

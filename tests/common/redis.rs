@@ -72,6 +72,15 @@ impl Redis {
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     }
 
+    /// Stops the server (SIGSTOP) or lets it go on (SIGCONT): a Redis that hangs, its
+    /// connections open and unanswered.
+    #[allow(dead_code)] // not every test binary hangs one
+    pub fn hang(&self, hung: bool) {
+        let signal = if hung { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal}");
+    }
+
     /// Kills the server at once, as a crash would.
     pub fn kill(mut self) {
         let _ = self.child.kill();

@@ -1,9 +1,10 @@
 //! `kvgpt cache verify DIR`: a disk tier checked offline, block by block. Each block of this
 //! model's K/V (its fingerprint, type and block size) is read and checked as a lookup would
 //! (header, length, checksum, key), then proved: the blocks before it on its chain are loaded as
-//! stored, its positions are recomputed after them, and its rows must be the stored bits.
+//! stored, its positions are recomputed after them, and its rows must be the stored bits. Blocks
+//! whose chain does not lead from position 0 in whole stored blocks cannot be proved (orphans).
 
-use super::entry::{decode, is_of, Entry, Refusal};
+use super::entry::{decode, is_of, Refusal};
 use super::{BlockKey, DiskTier, Keying};
 use crate::error::Result;
 use crate::kv_cache::BlockShape;
@@ -26,13 +27,23 @@ pub struct Audit {
     pub orphans: usize,
 }
 
-/// Checks every block in `dir` for `model` (nothing is changed).
+/// Where a stored block sits on its chain (its rows are read again when it is proved).
+struct Meta {
+    parent: BlockKey,
+    first: usize,
+    n: usize,
+}
+
+/// Checks every block in `dir` for `model` (nothing is changed). Two passes: every file is read
+/// and checked, keeping only where each block sits; then the chains are walked from position 0,
+/// depth first, with one cache holding the stored blocks before the one proved (each file read
+/// once more): memory for one context, however large the directory.
 pub fn audit(model: &Model, dir: &Path) -> Result<Audit> {
     let disk = DiskTier::open(dir, u64::MAX).map_err(|e| crate::error::Error::io(dir, e))?;
     let keying = Keying::of(model);
     let shape = BlockShape::of(&model.config, model.kv());
     let mut out = Audit::default();
-    let mut mine: HashMap<BlockKey, Entry> = HashMap::new();
+    let mut mine: HashMap<BlockKey, Meta> = HashMap::new();
     for key in disk.keys() {
         let Some(bytes) = disk.get(key) else { continue };
         if !is_of(&bytes, &keying, shape) {
@@ -40,55 +51,47 @@ pub fn audit(model: &Model, dir: &Path) -> Result<Audit> {
             continue;
         }
         match decode(bytes, &keying, shape, key) {
-            Ok(e) => {
-                mine.insert(key, e);
-            }
+            Ok(e) => _ = mine.insert(key, Meta { parent: e.parent, first: e.first, n: e.tokens.len() }),
             Err(r) => out.damaged.push((key, r)),
         }
     }
+    // Children of whole blocks only: a chain leads from position 0 in whole blocks.
+    let mut children: HashMap<BlockKey, Vec<BlockKey>> = HashMap::new();
+    for (key, m) in &mine {
+        let whole_parent = m.parent == BlockKey::ROOT || mine.get(&m.parent).is_some_and(|p| p.n == keying.block);
+        if whole_parent {
+            children.entry(m.parent).or_default().push(*key);
+        }
+    }
+    let mut cache = model.new_cache(model.config.n_positions);
     let mut scratch = Scratch::new(&model.config, keying.block);
-    for (key, e) in &mine {
-        // A chain that does not lead from position 0 to this block in whole blocks cannot be
-        // proved: an ancestor was evicted (or the files were not written by kvgpt).
-        let Some(chain) = chain(&mine, e).filter(|c| c.iter().all(|p| p.tokens.len() == keying.block)) else {
-            out.orphans += 1;
+    let mut stack: Vec<BlockKey> = children.get(&BlockKey::ROOT).cloned().unwrap_or_default();
+    let mut reached = 0;
+    while let Some(key) = stack.pop() {
+        let m = &mine[&key];
+        // Every block on the stack after this one's parent was processed lies at or past its first.
+        cache.truncate(m.first);
+        if cache.len() != m.first || m.first + m.n > model.config.n_positions {
+            continue; // not where its parent ends, or past the context (not written by kvgpt)
+        }
+        reached += 1;
+        let Some(e) = disk.get(key).and_then(|b| decode(b, &keying, shape, key).ok()) else {
+            out.damaged.push((key, Refusal::Truncated)); // gone or changed since the first pass
             continue;
         };
-        if chain.len() * keying.block != e.first {
-            out.orphans += 1;
-        } else if recomputes(model, &mut scratch, &chain, e)? {
+        model.run(&e.tokens, &mut cache, &mut scratch, &mut [])?;
+        if e.same_rows(&cache.blocks()[e.first / keying.block]) {
             out.proved += 1;
         } else {
-            out.differ.push(*key);
+            out.differ.push(key);
+        }
+        if let Some(kids) = children.get(&key).filter(|_| m.n == keying.block) {
+            // What comes after is proved after this block as stored.
+            cache.truncate(m.first);
+            cache.append_held(e.rows(), m.n)?;
+            stack.extend(kids);
         }
     }
+    out.orphans = mine.len() - reached;
     Ok(out)
-}
-
-/// Whether recomputing `e`'s positions after the stored blocks of `chain` (whole, from position
-/// 0) gives exactly its stored rows.
-fn recomputes(model: &Model, scratch: &mut Scratch, chain: &[&Entry], e: &Entry) -> Result<bool> {
-    let mut cache = model.new_cache(e.first + e.tokens.len());
-    for before in chain {
-        cache.append_held(before.rows(), before.tokens.len())?;
-    }
-    model.run(&e.tokens, &mut cache, scratch, &mut [])?;
-    Ok(e.same_rows(&cache.blocks()[e.first / model.kv().block()]))
-}
-
-/// The stored blocks before `e` on its chain, from the first; None if one is missing (or the
-/// chain is longer than any context: a loop crafted by hand).
-fn chain<'a>(mine: &'a HashMap<BlockKey, Entry>, e: &Entry) -> Option<Vec<&'a Entry>> {
-    let mut out = vec![];
-    let mut parent = e.parent;
-    while parent != BlockKey::ROOT {
-        if out.len() > e.first {
-            return None;
-        }
-        let p = mine.get(&parent)?;
-        out.push(p);
-        parent = p.parent;
-    }
-    out.reverse();
-    Some(out)
 }

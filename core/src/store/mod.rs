@@ -23,7 +23,7 @@ pub use self::redis::RedisTier;
 pub use audit::{audit, Audit};
 pub use disk::DiskTier;
 pub use entry::{Entry, Refusal};
-pub use reader::Fetched;
+pub use reader::{Fetched, Held};
 pub use writer::{Check, Store, StoreCounts, TierCounts};
 
 use crate::model::Fingerprint;

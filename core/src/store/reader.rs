@@ -5,6 +5,7 @@
 use super::entry::{decode, Entry, Refusal};
 use super::tiers::{Tiers, REASONS};
 use super::BlockKey;
+use crate::kv_cache::KvCache;
 use rayon::prelude::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -19,6 +20,16 @@ pub struct Fetched {
     pub ids: Vec<u32>,
     pub start: usize,
     pub found: Vec<(usize, Entry)>,
+}
+
+/// Where one block of a cache stands in the tiers ([`super::Store::compare`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub key: BlockKey,
+    /// The first tier that holds it, if any.
+    pub tier: Option<&'static str>,
+    /// Whether that tier holds exactly its rows (None: the stored bytes were refused).
+    pub same_bits: Option<bool>,
 }
 
 /// A request to the reader: the blocks continuing `ids`, of which the prompt cache holds `ram`
@@ -186,6 +197,27 @@ impl Tiers {
                     break;
                 }
             }
+        }
+        out
+    }
+
+    /// Where each block of `cache` (holding `ids`' first positions) stands in the tiers, by its
+    /// content address: the first tier that holds it, and whether it holds exactly these rows
+    /// (None when the stored bytes are refused). Nothing is counted or removed: a look, not a load.
+    pub(super) fn compare(&self, ids: &[u32], cache: &KvCache) -> Vec<Held> {
+        let (b, n) = (self.keying.block, cache.len().min(ids.len()));
+        let keys = self.keying.chain(&ids[..n]);
+        let mut out = Vec::with_capacity(n.div_ceil(b));
+        for (j, block) in cache.blocks().iter().enumerate().take(n.div_ceil(b)) {
+            let len = b.min(n - j * b);
+            let parent = if j == 0 { BlockKey::ROOT } else { keys[j - 1] };
+            let key = if len == b { keys[j] } else { self.keying.key(parent, j * b, &ids[j * b..j * b + len]) };
+            let holder = self.tiers.iter().find(|(t, _)| t.has(key)).map(|(t, _)| t.as_ref());
+            let same = |t: &dyn super::Tier| {
+                let entry = t.get(key).and_then(|bytes| decode(bytes, &self.keying, self.shape, key).ok());
+                entry.map(|e| e.same_rows(block))
+            };
+            out.push(Held { key, tier: holder.map(|t| t.name()), same_bits: holder.and_then(same) });
         }
         out
     }

@@ -4,7 +4,7 @@
 
 use super::entry::{encode, max_len, Entry};
 use super::known::Known;
-use super::reader::{Fetched, Reader};
+use super::reader::{Fetched, Held, Reader};
 use super::tiers::{TierStats, Tiers};
 use super::{BlockKey, Keying, Tier};
 use crate::error::Result;
@@ -281,6 +281,13 @@ impl Store {
     /// answer comes from [`Store::fetched`]. False when no answer will come (the reader is gone).
     pub fn fetch(&self, id: u64, ids: &[u32], ram: usize, max: usize) -> bool {
         self.reader.ask(id, ids, ram, max)
+    }
+
+    /// Where each block of `cache` (holding `ids`' first positions) stands in the tiers: its
+    /// content address, the first tier holding it, and whether that tier holds exactly these
+    /// rows (a block computed here against a stored one: proved or not). Reads, changes nothing.
+    pub fn compare(&self, ids: &[u32], cache: &KvCache) -> Vec<Held> {
+        self.tiers.compare(ids, cache)
     }
 
     /// The answers to [`Store::fetch`] that have come since the last call.

@@ -3,8 +3,9 @@
 //! `--export`.
 
 use super::{cache_step_points, cache_steps, check_indices, trace, CacheStep, TraceSpec};
-use crate::render::cache::{BlockEntry, CacheView, Compare, Ratio, StepView};
+use crate::render::cache::{BlockEntry, CacheView, Compare, Ratio, StepView, StoredMark};
 use kvgpt_core::error::Result;
+use kvgpt_core::store::{Held, Store};
 use kvgpt_core::work::Work;
 use kvgpt_core::{KvCache, KvPart, Loaded};
 
@@ -26,8 +27,14 @@ pub struct KvTensors {
     pub v: Vec<f32>,
 }
 
-/// The view of `ids` (and `ask.generate` decode steps), and the cache it ends with.
-pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(CacheView, KvTensors)> {
+/// The view of `ids` (and `ask.generate` decode steps), and the cache it ends with; with a
+/// `store`, each block marked with where it stands there (read only: nothing is written).
+pub fn cache_view(
+    loaded: &Loaded,
+    ids: &[u32],
+    ask: &CacheAsk,
+    store: Option<&Store>,
+) -> Result<(CacheView, KvTensors)> {
     let (m, cfg) = (&loaded.model, &loaded.model.config);
     check_indices(&[ask.layer], cfg.n_layer, "layer")?;
     check_indices(&[ask.head], cfg.n_head, "head")?;
@@ -51,7 +58,7 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
         bytes_per_position: KvCache::bytes_per_position_as(cfg, tr.cache.shape().ty),
         block_size: tr.cache.shape().positions,
         blocks: tr.cache.blocks().len(),
-        block_table: block_table(&tr.cache, &steps),
+        block_table: block_table(&tr.cache, &steps, store.map(|s| s.compare(&tr.ids, &tr.cache))),
         positions_held: tr.cache.len(),
         bytes_allocated: tr.cache.bytes(),
         layer: ask.layer,
@@ -63,14 +70,19 @@ pub fn cache_view(loaded: &Loaded, ids: &[u32], ask: &CacheAsk) -> Result<(Cache
     Ok((view, kv_tensors(&tr.cache)))
 }
 
-/// The cache's blocks in logical order, each with its physical block and the step that took it
-/// (the first whose written positions reach into it).
-fn block_table(cache: &KvCache, steps: &[StepView]) -> Vec<BlockEntry> {
+/// The cache's blocks in logical order, each with its physical block, the step that took it
+/// (the first whose written positions reach into it) and where the store holds it.
+fn block_table(cache: &KvCache, steps: &[StepView], held: Option<Vec<Held>>) -> Vec<BlockEntry> {
     let b = cache.shape().positions;
     let entry = |(j, block): (usize, &std::sync::Arc<kvgpt_core::kv_cache::Block>)| {
         let positions = [j * b, ((j + 1) * b).min(cache.len())];
         let step = steps.iter().position(|st| st.written[1] > positions[0]).unwrap_or(0);
-        BlockEntry { logical: j, physical: block.id(), positions, step }
+        let stored = held.as_ref().and_then(|h| h.get(j)).map(|h| StoredMark {
+            key: h.key.hex(),
+            tier: h.tier,
+            same_bits: h.same_bits,
+        });
+        BlockEntry { logical: j, physical: block.id(), positions, step, stored }
     };
     cache.blocks().iter().enumerate().map(entry).collect()
 }

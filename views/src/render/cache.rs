@@ -47,6 +47,31 @@ pub struct BlockEntry {
     pub physical: usize,
     pub positions: [usize; 2],
     pub step: usize,
+    /// With `--kv-disk`: where the block stands in that tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored: Option<StoredMark>,
+}
+
+/// A block against the tier under the pool: its content address (hex), the tier that holds it
+/// (None: not held), and whether the stored rows are the bits this run computed (None: not
+/// held, or refused by its checksum or header).
+#[derive(Serialize)]
+pub struct StoredMark {
+    pub key: String,
+    pub tier: Option<&'static str>,
+    pub same_bits: Option<bool>,
+}
+
+impl StoredMark {
+    /// In words, for the terminal and the HTML table.
+    pub fn words(&self) -> &'static str {
+        match (self.tier, self.same_bits) {
+            (None, _) => "not stored",
+            (Some(_), Some(true)) => "stored, the same bits",
+            (Some(_), Some(false)) => "stored with OTHER bits",
+            (Some(_), None) => "stored, refused (damaged)",
+        }
+    }
 }
 
 /// Everything the views show; `--json` prints it.

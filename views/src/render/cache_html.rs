@@ -26,17 +26,28 @@ fn round(v: &mut Value) {
 /// The block table, PagedAttention's picture: each logical block of positions, the pool's block
 /// that holds it, and the step that took it (a cache takes blocks as tokens arrive).
 fn block_table(out: &mut String, v: &CacheView) {
+    let stored = v.block_table.iter().any(|e| e.stored.is_some());
     let _ = writeln!(
         out,
         "<table id=\"blocks\"><caption>Block table: blocks of {} positions, {} (logical → the pool's block)</caption>\n\
-         <tr><th>logical</th><th>positions</th><th>physical</th><th>taken by</th></tr>",
-        v.block_size, v.kv_dtype
+         <tr><th>logical</th><th>positions</th><th>physical</th><th>taken by</th>{}</tr>",
+        v.block_size,
+        v.kv_dtype,
+        if stored { "<th>--kv-disk (content address)</th>" } else { "" }
     );
     for e in &v.block_table {
         let by = if e.step == 0 { "the prefill".to_string() } else { format!("step {}", e.step) };
+        let tier = e.stored.as_ref().map_or(String::new(), |s| {
+            let class = match (s.tier, s.same_bits) {
+                (None, _) => "absent",
+                (Some(_), Some(true)) => "same",
+                _ => "differs",
+            };
+            format!("<td class=\"{class}\">{} <code>{}…</code></td>", s.words(), &s.key[..16])
+        });
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}–{}</td><td>#{}</td><td>{by}</td></tr>",
+            "<tr><td>{}</td><td>{}–{}</td><td>#{}</td><td>{by}</td>{tier}</tr>",
             e.logical,
             e.positions[0],
             e.positions[1].saturating_sub(1),

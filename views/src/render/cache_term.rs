@@ -174,12 +174,11 @@ fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize
         .block_table
         .iter()
         .map(|e| {
-            format!(
-                "{}→#{} ({})",
-                e.logical,
-                e.physical,
-                if e.step == 0 { "prefill".into() } else { format!("step {}", e.step) }
-            )
+            let by = if e.step == 0 { "prefill".into() } else { format!("step {}", e.step) };
+            match &e.stored {
+                Some(s) => format!("{}→#{} ({by}; --kv-disk: {})", e.logical, e.physical, s.words()),
+                None => format!("{}→#{} ({by})", e.logical, e.physical),
+            }
         })
         .collect();
     writeln!(out, "Block table (logical → the pool's block, taken by): {}", table.join(", "))?;
