@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// What the tiers gave one waiting sequence (`Store::fetch`): its id and ids, from which position
 /// (a block boundary), and the blocks read and checked, in order.
@@ -44,7 +45,8 @@ struct Ask {
 /// The reading thread and its two channels.
 pub(super) struct Reader {
     tx: Option<Sender<Ask>>,
-    rx: Mutex<Receiver<Fetched>>,
+    /// The answers, and one taken by [`Reader::wait`] and not yet handed out.
+    rx: Mutex<(Receiver<Fetched>, Vec<Fetched>)>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -72,7 +74,7 @@ impl Reader {
                 }
             }
         })?;
-        Ok(Reader { tx: Some(tx), rx: Mutex::new(rx), thread: Some(thread) })
+        Ok(Reader { tx: Some(tx), rx: Mutex::new((rx, vec![])), thread: Some(thread) })
     }
 
     /// Asks for the blocks that continue `ids` past the `ram` positions the prompt cache holds,
@@ -84,7 +86,25 @@ impl Reader {
 
     /// What has come back since the last call.
     pub(super) fn answers(&self) -> Vec<Fetched> {
-        self.rx.lock().unwrap_or_else(|p| p.into_inner()).try_iter().collect()
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = std::mem::take(&mut rx.1);
+        out.extend(rx.0.try_iter());
+        out
+    }
+
+    /// Waits up to `timeout` for an answer (kept for [`Reader::answers`]); whether one came.
+    pub(super) fn wait(&self, timeout: Duration) -> bool {
+        let mut rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        if !rx.1.is_empty() {
+            return true;
+        }
+        match rx.0.recv_timeout(timeout) {
+            Ok(f) => {
+                rx.1.push(f);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 

@@ -290,6 +290,11 @@ impl Store {
         self.tiers.compare(ids, cache)
     }
 
+    /// Waits up to `timeout` for an answer to [`Store::fetch`]; whether one came.
+    pub fn wait_fetched(&self, timeout: std::time::Duration) -> bool {
+        self.reader.wait(timeout)
+    }
+
     /// The answers to [`Store::fetch`] that have come since the last call.
     pub fn fetched(&self) -> Vec<Fetched> {
         self.reader.answers()

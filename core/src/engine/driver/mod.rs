@@ -82,18 +82,15 @@ impl Engine {
                 return;
             }
             // Wait for work when idle; otherwise take whatever has arrived and go on. With nothing
-            // to run until the tiers answer, wait a millisecond at a time for either.
+            // to run until the tiers answer, wait for their answer (and look at the commands every
+            // few milliseconds).
             if idle {
                 match rx.recv() {
                     Ok(c) => self.command(c, monitor),
                     Err(_) => return, // every handle is gone
                 }
             } else if self.stalled() {
-                match rx.recv_timeout(Duration::from_millis(1)) {
-                    Ok(c) => self.command(c, monitor),
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(1)),
-                }
+                self.cfg.store.as_ref().expect("only a store stalls").wait_fetched(Duration::from_millis(5));
             }
             self.commands(&rx, monitor);
             let gone = self.slots.iter().chain(&self.preempted).any(Slot::gone);
