@@ -383,3 +383,16 @@ fn inspect_cache_with_kv_disk_marks_each_block_by_where_it_is_stored() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<td class=\"same\">stored, the same bits"), "the HTML's block table marks them");
 }
+
+/// `cache diff` compares a prefill with the reused prefix against one from nothing only where
+/// something was reused: the first prompt, which reuses nothing, gets no comparison of two runs
+/// of the same computation (noise shown as a difference).
+#[test]
+fn cache_diff_compares_times_only_where_something_was_reused() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/prompt-cache");
+    let (a, b) = (dir.join("time-first-0914.txt"), dir.join("time-first-0915.txt"));
+    let text = stdout(&["cache", "diff", a.to_str().unwrap(), b.to_str().unwrap(), "--model", &model()]);
+    let (first, second) = text.split_once("time-first-0915.txt:").unwrap();
+    assert!(first.contains("nothing was reused") && !first.contains("from nothing ("), "{first}");
+    assert!(second.contains("with the reused prefix") && second.contains("from nothing (the same bits)"), "{second}");
+}

@@ -376,6 +376,11 @@ fn an_unseeded_request_draws_its_seed_and_reports_it_and_the_model_has_a_name() 
     };
     let (a, b) = (ask(json!({})), ask(json!({"model": fixture_dir().display().to_string()})));
     assert_ne!(a["seed"], b["seed"], "each unseeded request draws its own seed");
+    for _ in 0..16 {
+        // A double holds it exactly: JavaScript's JSON.parse (and Python's float) give it back.
+        let seed = ask(json!({"max_tokens": 1}))["seed"].as_u64().unwrap();
+        assert!(seed < 1 << 53 && seed as f64 as u64 == seed, "{seed} is past 2^53: a double-based reader rounds it");
+    }
     assert_ne!(a["choices"][0]["text"], b["choices"][0]["text"], "so temperature 1 does not repeat itself");
     assert_eq!(a["model"], "tiny-gpt2");
     let again = ask(json!({"seed": a["seed"]}));

@@ -17,16 +17,27 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-/// What a request cost, filled in by the handler that served it and read by its log line.
+/// What a request cost, filled in by the handler that served it and read by its log line, which
+/// is written when the last holder lets go: the response sent (a stream's when it ends), and the
+/// handler's work on it done (a stream whose client left counts what was consumed until then).
 #[derive(Default)]
 pub struct Tally {
+    /// The request's line, once its response has begun.
+    line: std::sync::Mutex<Option<LineHead>>,
     prompt: AtomicU64,
     cached: AtomicU64,
     generated: AtomicU64,
     queue_us: AtomicU64,
+    /// The client went away before the response ended.
+    left: std::sync::atomic::AtomicBool,
 }
 
 impl Tally {
+    /// The client went away before the end: the log line says so.
+    pub fn client_left(&self) {
+        self.left.store(true, Ordering::Relaxed);
+    }
+
     /// Adds finished sequences: `(prompt tokens counted, usage)` as the response's usage counts them.
     pub fn add(&self, usages: &[(usize, Usage)]) {
         for (prompt, u) in usages {
@@ -55,7 +66,8 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     };
     let status = resp.status().as_u16();
     app.metrics.request(&endpoint, status);
-    let line = LogLine { method, path, status, tally, started, _work: work };
+    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = Some(LineHead { method, path, status, started });
+    let line = LogLine { _tally: tally, _work: work };
     resp.map(|body| Body::new(Logged { body, line: Some(line) }))
 }
 
@@ -113,13 +125,17 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-struct LogLine {
+/// What the log line says of the request itself.
+struct LineHead {
     method: String,
     path: String,
     status: u16,
-    tally: Arc<Tally>,
     started: Instant,
-    /// Held until the response has gone out.
+}
+
+/// Held by the response body until it has gone out (or the client left).
+struct LogLine {
+    _tally: Arc<Tally>,
     _work: Option<Work>,
 }
 
@@ -142,21 +158,23 @@ impl Drop for Work {
     }
 }
 
-impl Drop for LogLine {
+impl Drop for Tally {
     fn drop(&mut self) {
+        let Some(head) = self.line.get_mut().unwrap_or_else(|p| p.into_inner()).take() else { return };
         let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
-        let t = &self.tally;
+        let t = &*self;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         tracing::info!(
-            method = %self.method,
-            path = %self.path,
-            status = self.status,
+            method = %head.method,
+            path = %head.path,
+            status = head.status,
             prompt_tokens = get(&t.prompt),
             cached_tokens = get(&t.cached),
             generated_tokens = get(&t.generated),
             queue_ms = ms(Duration::from_micros(get(&t.queue_us))),
-            total_ms = ms(self.started.elapsed()),
-            "request"
+            total_ms = ms(head.started.elapsed()),
+            "{}",
+            if t.left.load(Ordering::Relaxed) { "request (the client left before the end)" } else { "request" }
         );
     }
 }

@@ -38,25 +38,42 @@ pub fn stream(app: Shared, job: Job) -> Response {
                     // while it still waits for a slot or its prompt.
                     let next = tokio::select! {
                         c = chunks.next() => c?,
-                        () = tx.closed() => return None,
+                        () = tx.closed() => return Some(Err(chunks.so_far())),
                     };
                     match next {
-                        Chunk::Data(v) => tx.send(SseEvent::default().data(v.to_string())).ok()?,
+                        Chunk::Data(v) => {
+                            if tx.send(SseEvent::default().data(v.to_string())).is_err() {
+                                return Some(Err(chunks.so_far()));
+                            }
+                        }
                         Chunk::Failed(e) => {
                             let _ = tx.send(SseEvent::default().data(e.to_string()));
                             return None;
                         }
-                        Chunk::End(end) => return Some(end),
+                        Chunk::End(end) => return Some(Ok((end, chunks.so_far()))),
                     }
                 }
             }));
         }
-        let mut ended = vec![];
+        let (mut ended, mut so_far, mut left) = (vec![], vec![], false);
         for t in tasks {
             match t.await {
-                Ok(Some(e)) => ended.push(e),
-                _ => return, // the client went away or a choice failed: no usage, no [DONE]
+                Ok(Some(Ok((e, used)))) => {
+                    ended.push(e);
+                    so_far.push(used);
+                }
+                Ok(Some(Err(used))) => {
+                    so_far.push(used);
+                    left = true;
+                }
+                _ => return, // a choice failed: no usage, no [DONE]
             }
+        }
+        if left {
+            // No usage chunk, no [DONE]: nobody reads them. The log says what was consumed.
+            tally.add(&so_far);
+            tally.client_left();
+            return;
         }
         tally.add(&head.usages(&ended));
         if let Some(usage) = head.usage_chunk(&r.served.tok, &ended) {

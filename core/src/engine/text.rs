@@ -54,8 +54,10 @@ pub struct TextEvents<'t> {
     text: TextStream<'t>,
     /// Tokens received.
     tokens: usize,
-    /// The usage `Started` gave (what a stop answers with if the engine has gone).
+    /// The usage `Started` gave (what a stop answers with if the engine has gone), and whether
+    /// it came.
     started: Usage,
+    seen_start: bool,
     /// A stop sequence was reached after this many tokens: waiting for the engine's usage.
     stopped_at: Option<usize>,
     ready: VecDeque<TextEvent>,
@@ -72,6 +74,7 @@ impl<'t> TextEvents<'t> {
             text: TextStream::new(tok, Some(eos), stops),
             tokens: 0,
             started: Usage::default(),
+            seen_start: false,
             stopped_at: None,
             ready: VecDeque::new(),
             over: false,
@@ -80,6 +83,12 @@ impl<'t> TextEvents<'t> {
 
     pub fn id(&self) -> SeqId {
         self.events.id
+    }
+
+    /// What the sequence has consumed so far, as far as its events say (for a client that left
+    /// before the end): None before it started, else the start's usage and the tokens received.
+    pub fn so_far(&self) -> Option<Usage> {
+        self.seen_start.then(|| Usage { completion_tokens: self.tokens, ..self.started.clone() })
     }
 
     /// The next step of the text; None once it has ended. An error is the engine's (it failed
@@ -117,6 +126,7 @@ impl<'t> TextEvents<'t> {
         match ev {
             Some(Event::Started { cached_tokens, queue, prompt_time, reuse }) => {
                 self.started = Usage { cached_tokens, queue, prompt_time, reuse, ..Usage::default() };
+                self.seen_start = true;
             }
             Some(Event::Token { id, logprob }) => {
                 self.tokens += 1;

@@ -79,18 +79,22 @@ fn int(m: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> ApiResult<Option<
     Ok(Some(n))
 }
 
-/// A number (its range is the sampler's to check).
+/// A number (its range is the sampler's to check), as the sampler holds it: a value too small
+/// for an f32 but not zero is the f32 nearest it that keeps it from zero (`top_p` 1e-300 is a
+/// share, above 0, not a 0 the range refuses).
 fn num(m: &Map<String, Value>, key: &str) -> ApiResult<Option<f32>> {
     let Some(v) = field(m, key) else { return Ok(None) };
     let x = v.as_f64().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be a number, got {}", kind(v))))?;
-    Ok(Some(x as f32))
+    let held = x as f32;
+    Ok(Some(if held == 0.0 && x != 0.0 { f32::MIN_POSITIVE.copysign(held) } else { held }))
 }
 
-/// A seed from the process's random hasher keys (std's per-instance random state), in the range
-/// the `seed` field takes.
+/// A seed from the process's random hasher keys (std's per-instance random state), below 2^53:
+/// a JSON number every reader holds exactly (JavaScript's and any double-based parser's largest
+/// exact integer is 2^53 − 1), so a client can send it back as it came.
 fn draw_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
-    std::collections::hash_map::RandomState::new().build_hasher().finish() >> 1
+    std::collections::hash_map::RandomState::new().build_hasher().finish() >> 11
 }
 
 /// The fields both endpoints take; `user` (OpenAI's end-user tag) and `cache_prompt` (llama.cpp's;
@@ -143,7 +147,15 @@ fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
         presence_penalty: num(m, "presence_penalty")?.unwrap_or(0.0),
         frequency_penalty: num(m, "frequency_penalty")?.unwrap_or(0.0),
     };
-    s.check().map_err(|e| ApiError::bad(e.setting.param(), format!("`{}` {}", e.setting.param(), e.rule)))?;
+    s.check().map_err(|e| {
+        // The value as the client sent it, not as an f32 holds it.
+        let param = e.setting.param();
+        let rule = match (e.rule.rsplit_once(", got "), field(m, param)) {
+            (Some((rule, _)), Some(sent)) => format!("{rule}, got {sent}"),
+            _ => e.rule,
+        };
+        ApiError::bad(param, format!("`{param}` {rule}"))
+    })?;
     Ok(s)
 }
 
@@ -246,9 +258,10 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
     // Chat takes `max_completion_tokens`, or the older `max_tokens`; errors name the one given.
     let (max_tokens, max_tokens_param) = match int(m, max_tokens_key, 1, i64::from(u32::MAX))? {
         Some(n) => (Some(n as usize), max_tokens_key),
-        None if max_tokens_key == "max_completion_tokens" => {
-            (int(m, "max_tokens", 1, i64::from(u32::MAX))?.map(|n| n as usize), "max_tokens")
-        }
+        None if max_tokens_key == "max_completion_tokens" => match int(m, "max_tokens", 1, i64::from(u32::MAX))? {
+            Some(n) => (Some(n as usize), "max_tokens"),
+            None => (None, max_tokens_key), // neither: errors name the current field
+        },
         None => (None, max_tokens_key),
     };
     Ok(Params {

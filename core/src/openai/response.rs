@@ -82,19 +82,18 @@ impl StreamHead {
     /// Usage counts each prompt once (its first choice's cache use), and every choice's tokens:
     /// `(prompt tokens counted, usage)` per sequence.
     pub fn usages(&self, ended: &[Ended]) -> Vec<(usize, Usage)> {
+        ended.iter().enumerate().map(|(k, e)| self.counted(k, e.usage.clone())).collect()
+    }
+
+    /// Choice `k`'s usage as the response counts it: its prompt (and its cache use) with its
+    /// prompt's first choice only.
+    fn counted(&self, k: usize, mut u: Usage) -> (usize, Usage) {
         let n = self.params.n;
-        ended
-            .iter()
-            .enumerate()
-            .map(|(k, e)| {
-                let mut u = e.usage.clone();
-                let first = k % n == 0;
-                if !first {
-                    u.cached_tokens = 0;
-                }
-                (if first { self.prompt_ids[k / n].len() } else { 0 }, u)
-            })
-            .collect()
+        if !k.is_multiple_of(n) {
+            u.cached_tokens = 0;
+            return (0, u);
+        }
+        (self.prompt_ids[k / n].len(), u)
     }
 
     /// Where reuse of the prompt cache stopped for each prompt (its first choice's lookup), and
@@ -155,6 +154,12 @@ impl<'t> ChoiceChunks<'t> {
             .collect();
         let text = TextEvents::new(&served.tok, &served.engine, events, head.params.stop.clone());
         ChoiceChunks { k, tok: &served.tok, text, ready, offset: 0, leading: ep.trims_start(), head }
+    }
+
+    /// What this choice consumed so far, as [`StreamHead::usages`] counts it (its prompt with its
+    /// prompt's first choice): for a client that left before the end.
+    pub fn so_far(&self) -> (usize, Usage) {
+        self.text.so_far().map_or((0, Usage::default()), |u| self.head.counted(self.k, u))
     }
 
     /// The next chunk; None after [`Chunk::End`] or [`Chunk::Failed`].

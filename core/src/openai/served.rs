@@ -134,21 +134,36 @@ fn submit_error(e: SubmitError) -> ApiError {
 
 /// The completion tokens of a prompt of `len` tokens, by OpenAI's rule: stricter by one than
 /// `generate`'s (which does not count the last token, never fed), prompt + max_tokens ≤ the
-/// context length, as OpenAI clients expect.
+/// context length, as OpenAI clients expect. An error says what must shrink and by how much: the prompt, when it leaves no room for one
+/// completion token; else the completion tokens asked for (or the default, when none were).
 fn context(params: &Params, ep: Endpoint, len: usize, n_positions: usize) -> ApiResult<usize> {
     let room = n_positions.saturating_sub(len);
     let max_tokens = params.max_tokens.unwrap_or(ep.default_max_tokens(room));
-    if max_tokens == 0 || len + max_tokens > n_positions {
-        let (prompt, limit) = (ep.prompt_param(), params.max_tokens_param);
-        let param = if params.max_tokens.is_some() && len < n_positions { limit } else { prompt };
-        return Err(ApiError::bad(
-            param,
-            format!(
-                "this model's maximum context length is {n_positions} tokens, but {len} prompt tokens + {max_tokens} \
-                 completion tokens were asked for; shorten `{prompt}` or lower `{limit}` to at most {room}"
-            ),
-        )
-        .with_code("context_length_exceeded"));
+    if max_tokens > 0 && len + max_tokens <= n_positions {
+        return Ok(max_tokens);
     }
-    Ok(max_tokens)
+    let (prompt, limit) = (ep.prompt_param(), params.max_tokens_param);
+    let head = format!("this model's maximum context length is {n_positions} tokens, prompt and completion together");
+    let over = len + max_tokens.max(1) - n_positions;
+    let (param, message) = if room == 0 {
+        let (most, over) = (n_positions - 1, len + 1 - n_positions);
+        let m = format!(
+            "{head}, and the prompt alone is {len} tokens: shorten `{prompt}` by at least {over} tokens, to {most} \
+             or fewer (a completion needs room for one token)"
+        );
+        (prompt, m)
+    } else if params.max_tokens.is_some() {
+        let m = format!(
+            "{head}, but {len} prompt tokens + {max_tokens} completion tokens were asked for: lower `{limit}` to at \
+             most {room}, or shorten `{prompt}` by {over} tokens"
+        );
+        (limit, m)
+    } else {
+        let m = format!(
+            "{head}: the {len}-token prompt leaves room for {room} completion tokens, fewer than the default \
+             {max_tokens}: give `{limit}` of at most {room}, or shorten `{prompt}` by {over} tokens"
+        );
+        (limit, m)
+    };
+    Err(ApiError::bad(param, message).with_code("context_length_exceeded"))
 }

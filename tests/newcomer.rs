@@ -1,0 +1,96 @@
+//! What a newcomer tripped on (issue #37), each a request a new user sends to `kvgpt serve` on the
+//! bundled 128-position model: advice that says what must shrink and by how much, and numbers as
+//! the client sent them.
+
+mod common;
+
+use common::server::{ids_of, Server};
+use common::Reference;
+use serde_json::{json, Value};
+
+/// The error of a request that must fail with a 400: (param, message).
+fn refused(s: &Server, path: &str, body: &Value) -> (String, String) {
+    let (status, v, _) = s.post_raw(path, &body.to_string(), None);
+    assert_eq!(status, 400, "{body}: {v}");
+    let e = &v["error"];
+    (e["param"].as_str().unwrap_or("").to_string(), e["message"].as_str().unwrap().to_string())
+}
+
+/// Too long for the context: the error names what must shrink and by how much (never "at most 0"),
+/// and a chat's field as the chat endpoint calls it.
+#[test]
+fn context_errors_say_what_must_shrink_and_by_how_much() {
+    let s = Server::start(&[]);
+    let ids = |n: usize| vec![464u32; n];
+    // 201 prompt tokens on 128 positions: only the prompt can shrink, by 74 (to 127, room for one).
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": ids(201)}));
+    assert_eq!(param, "prompt", "{m}");
+    assert!(m.contains("shorten `prompt` by at least 74 tokens, to 127 or fewer"), "{m}");
+    assert!(!m.contains("at most 0") && !m.contains("max_tokens"), "{m}");
+    // 120 + 50 asked for: 8 completion tokens fit, or 42 fewer prompt tokens.
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": ids(120), "max_tokens": 50}));
+    assert_eq!(param, "max_tokens", "{m}");
+    assert!(m.contains("lower `max_tokens` to at most 8, or shorten `prompt` by 42 tokens"), "{m}");
+    // No max_tokens: completions' default of 16 does not fit the 8 left.
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": ids(120)}));
+    assert_eq!(param, "max_tokens", "{m}");
+    assert!(m.contains("fewer than the default 16: give `max_tokens` of at most 8"), "{m}");
+    // A chat too long for any answer, without a limit: the messages must shrink; no field is named
+    // that the request did not send, and no "0 completion tokens were asked for".
+    let long = "word ".repeat(200);
+    let chat = json!({"messages": [{"role": "user", "content": long}]});
+    let (param, m) = refused(&s, "/v1/chat/completions", &chat);
+    assert_eq!(param, "messages", "{m}");
+    assert!(m.contains("shorten `messages` by at least") && !m.contains("max_tokens") && !m.contains(" 0 "), "{m}");
+    // A chat's limit is `max_completion_tokens`.
+    let chat = json!({"messages": [{"role": "user", "content": "word ".repeat(100)}], "max_completion_tokens": 100});
+    let (param, m) = refused(&s, "/v1/chat/completions", &chat);
+    assert_eq!(param, "max_completion_tokens", "{m}");
+    assert!(m.contains("lower `max_completion_tokens` to at most"), "{m}");
+}
+
+/// `top_p` 1e-300 is in (0, 1]: accepted (the smallest share an f32 holds, so the top token
+/// alone: Hugging Face's greedy answer), not refused as "got 0"; a value the range refuses is
+/// quoted as the client sent it.
+#[test]
+fn a_tiny_top_p_is_accepted_and_a_refused_value_is_quoted_as_sent() {
+    let s = Server::start(&[]);
+    let p = Reference::load().prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let n = p.greedy_ids.len();
+    let body = json!({"prompt": p.ids, "max_tokens": n, "top_p": 1e-300, "ignore_eos": true, "logprobs": 1});
+    let v = s.complete(&body);
+    assert_eq!(ids_of(&v["choices"][0]["logprobs"]["token_ids"]), p.greedy_ids);
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": "x", "top_p": -1e-300}));
+    assert_eq!(param, "top_p");
+    assert!(m.ends_with("got -1e-300"), "{m}");
+}
+
+/// A stream whose client leaves is logged with what it consumed — its prompt, and the tokens made
+/// for it — and that the client left, not as a request that cost nothing; `/metrics` counts the
+/// same generation (the engine's count, which may include a token made before it heard).
+#[test]
+fn a_stream_whose_client_left_is_logged_with_what_it_consumed() {
+    use std::io::BufRead;
+    let s = Server::start(&[]);
+    let p = Reference::load().prompts().into_iter().find(|p| p.key == "p2").unwrap();
+    let body = json!({"prompt": p.ids, "max_tokens": 39, "temperature": 0, "ignore_eos": true, "stream": true});
+    let mut reader = s.open_stream(&body);
+    let mut read = 1; // open_stream read the first
+    let mut line = String::new();
+    while read < 6 {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        read += usize::from(line.starts_with("data: "));
+    }
+    drop(reader); // the client leaves
+    let logged = s.log_lines(1, |l| l.contains("the client left"));
+    assert_eq!(logged.len(), 1, "{:?}", s.log_lines(0, |_| true));
+    let field = |name: &str| -> u64 {
+        let at = logged[0].find(&format!("{name}=")).unwrap_or_else(|| panic!("{name} in {}", logged[0]));
+        logged[0][at + name.len() + 1..].split(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(field("prompt_tokens"), p.ids.len() as u64, "{}", logged[0]);
+    let generated = field("generated_tokens");
+    let counted = s.metric("kvgpt_generated_tokens_total");
+    assert!(generated >= read as u64 - 1 && generated as f64 <= counted, "{generated} logged, {counted} counted");
+}
