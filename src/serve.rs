@@ -116,7 +116,7 @@ pub enum LogFormatArg {
 fn parse_mb(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(mb) if mb.is_finite() && mb > 0.0 && mb <= 1e9 => Ok(mb),
-        _ => Err(format!("'{s}' is not a size in megabytes: give a number above 0, e.g. 256 or 0.5")),
+        _ => Err(format!("'{s}' is not a size in MiB: give a number above 0, e.g. 256 or 0.5")),
     }
 }
 

@@ -94,3 +94,35 @@ fn a_stream_whose_client_left_is_logged_with_what_it_consumed() {
     let counted = s.metric("kvgpt_generated_tokens_total");
     assert!(generated >= read as u64 - 1 && generated as f64 <= counted, "{generated} logged, {counted} counted");
 }
+
+/// One unit rule: the server's startup line and `kvgpt bench` write the same weights as the same
+/// binary amount, in MiB — the parameters' f32 bytes derived from config.json, give or take the
+/// panels' padding — and no "MB" that means MiB.
+#[test]
+fn the_server_and_bench_write_sizes_by_one_rule() {
+    let s = Server::start(&[]);
+    let banner = s.log_lines(1, |l| l.contains(" ready on http")).remove(0);
+    let out =
+        common::views::kvgpt(&["bench", "-m", &common::model(), "-p", "4", "-n", "2", "-r", "1", "--probe-mib", "0"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let header = text.lines().find(|l| l.starts_with("load ")).unwrap().to_string();
+    // "weights 12.7 MiB": the amount after the "weights " that a number follows.
+    let weights = |line: &str| {
+        let at =
+            line.match_indices("weights ").map(|(i, w)| i + w.len()).find(|&i| line[i..].starts_with(char::is_numeric));
+        line[at.unwrap()..].split(' ').take(2).collect::<Vec<_>>().join(" ")
+    };
+    assert_eq!(weights(&banner), weights(&header), "{banner}\n{header}");
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(common::fixture_dir().join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap();
+    let (c, l, v, p) = (n("n_embd"), n("n_layer"), n("vocab_size"), n("n_positions"));
+    let params =
+        v * c + p * c + 2 * c + l * (4 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c));
+    let mib: f64 = weights(&header).strip_suffix(" MiB").unwrap().parse().unwrap();
+    let want = (4 * params) as f64 / 1048576.0;
+    assert!(mib >= want - 0.05 && mib < want * 1.01, "{mib} MiB vs {want}");
+    for line in [&banner, &header] {
+        assert!(!line.contains(" MB"), "{line}");
+    }
+}

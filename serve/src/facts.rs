@@ -5,7 +5,7 @@ use super::metrics::Limits;
 use super::options::ServeOptions;
 use kvgpt_core::engine::EngineConfig;
 use kvgpt_core::openai::served_name;
-use kvgpt_core::units::count;
+use kvgpt_core::units::{bytes, count};
 use kvgpt_core::Loaded;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -93,13 +93,12 @@ impl Facts {
 
     /// The startup line.
     pub fn banner(&self) -> String {
-        let mb = |b: usize| b as f64 / (1u64 << 20) as f64;
         let (draft, draft_memory) = match &self.draft {
             Some((name, words)) => (
                 format!(" | draft {name} ({words})"),
                 match self.draft_kv {
-                    0 => format!(" + draft weights {:.1} MB (its K/V in the pool)", mb(self.draft_weights)),
-                    kv => format!(" + draft weights {:.1} MB + draft K/V ≤ {:.1} MB", mb(self.draft_weights), mb(kv)),
+                    0 => format!(" + draft weights {} (its K/V in the pool)", bytes(self.draft_weights)),
+                    kv => format!(" + draft weights {} + draft K/V ≤ {}", bytes(self.draft_weights), bytes(kv)),
                 },
             ),
             None => (String::new(), String::new()),
@@ -107,23 +106,22 @@ impl Facts {
         let pool = self.pool_blocks * self.block_bytes;
         let total = self.weights + self.draft_weights + self.draft_kv + pool;
         format!(
-            "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {:.1} MB{draft_memory} \
-             + one K/V pool of {} blocks of {} positions ({}) = {:.1} MB for {} and the prompt cache (≤ {:.1} MB of it) \
-             = {:.1} MB",
+            "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {}{draft_memory} \
+             + one K/V pool of {} blocks of {} positions ({}) = {} for {} and the prompt cache (≤ {} of it) = {}",
             self.files_name,
             self.local,
             self.n_positions,
             count(self.threads, "thread"),
             self.isa,
             self.dtype,
-            mb(self.weights),
+            bytes(self.weights),
             self.pool_blocks,
             self.block_size,
             self.kv_dtype,
-            mb(pool),
+            bytes(pool),
             count(self.parallel, "slot"),
-            mb(self.cache_bytes),
-            mb(total)
+            bytes(self.cache_bytes),
+            bytes(total)
         )
     }
 

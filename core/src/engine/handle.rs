@@ -109,8 +109,8 @@ impl EngineHandle {
         let positions = r.prompt.len() + r.max_new_tokens.saturating_sub(1);
         let need = shape.blocks_for(positions);
         if need > total {
-            let pool_mb = (total * shape.bytes()) as f64 / (1u64 << 20) as f64;
-            return Err(SubmitError::TooBig { positions, need, block: shape.positions, total, pool_mb });
+            let pool_bytes = total * shape.bytes();
+            return Err(SubmitError::TooBig { positions, need, block: shape.positions, total, pool_bytes });
         }
         Ok(())
     }

@@ -132,10 +132,11 @@ pub enum SubmitError {
     /// One sequence of the request needs more K/V blocks than the whole pool holds.
     #[error(
         "this request needs {positions} positions of K/V ({need} blocks of {block}), but the server's K/V pool holds \
-         {total} blocks ({pool_mb:.1} MB); lower max_tokens or shorten the prompt, or start the server with a larger \
-         --kv-mb"
+         {total} blocks ({}); lower max_tokens or shorten the prompt, or start the server with a larger \
+         --kv-mb",
+        crate::units::bytes(*.pool_bytes)
     )]
-    TooBig { positions: usize, need: usize, block: usize, total: usize, pool_mb: f64 },
+    TooBig { positions: usize, need: usize, block: usize, total: usize, pool_bytes: usize },
     /// The request can never run (its prompt or length does not fit the model).
     #[error(transparent)]
     Invalid(#[from] Error),

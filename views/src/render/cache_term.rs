@@ -20,12 +20,9 @@ pub fn count(n: u64) -> String {
     }
 }
 
+/// Bytes by the one rule every command uses ([`kvgpt_core::units::bytes`]).
 pub fn bytes(n: u64) -> String {
-    match n {
-        0..1024 => format!("{n} B"),
-        1024..1_048_576 => format!("{:.1} KiB", n as f64 / 1024.0),
-        _ => format!("{:.2} MiB", n as f64 / 1_048_576.0),
-    }
+    kvgpt_core::units::bytes(n as usize)
 }
 
 fn positions(a: usize, b: usize) -> String {

@@ -6,7 +6,7 @@ mod csv;
 pub use csv::csv;
 
 use super::{mean_sd, percentile, Row, Test};
-use kvgpt_core::units::count;
+use kvgpt_core::units::{bytes, count};
 use kvgpt_core::{KvCache, Loaded};
 use serde::Serialize;
 use std::fmt::{Result, Write as _};
@@ -235,14 +235,16 @@ fn md_header(out: &mut String, h: &Header) -> Result {
         h.cpu_features.join(" "),
         h.git,
     )?;
-    let mb = |b: f64| b / 1e6;
-    let (w, kv, rss) = (mb(h.weight_bytes as f64), mb(h.kv_cache_bytes as f64), mb(h.peak_rss_bytes as f64));
+    let (w, kv, rss) = (h.weight_bytes, h.kv_cache_bytes, h.peak_rss_bytes as usize);
     writeln!(
         out,
-        "load {load_ms:.0} ms | weights {w:.1} MB | KV cache {kv:.1} MB ({}, blocks of {}) | peak RSS {rss:.1} MB ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        "load {load_ms:.0} ms | weights {} | KV cache {} ({}, blocks of {}) | peak RSS {} ({:.2} × weights+KV) | read bandwidth probe {:.1} GB/s",
+        bytes(w),
+        bytes(kv),
         h.kv_dtype,
         h.kv_block_size,
-        rss / (w + kv),
+        bytes(rss),
+        rss as f64 / (w + kv) as f64,
         h.read_bandwidth_gb_s
     )?;
     writeln!(
