@@ -126,3 +126,25 @@ fn the_server_and_bench_write_sizes_by_one_rule() {
         assert!(!line.contains(" MB"), "{line}");
     }
 }
+
+/// A prompt of more bytes than the context's tokens can hold is refused before it is tokenized
+/// (encoding one long word takes time that grows with its length squared: an 8 MB word held a core
+/// for seconds): the error says the fewest tokens it can be, from the longest token's bytes — the
+/// longest piece of Hugging Face's own vocabulary, one byte per character of its byte-level alphabet.
+#[test]
+fn a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized() {
+    let hf = tokenizers::Tokenizer::from_file(common::fixture_dir().join("tokenizer.json")).unwrap();
+    let longest = hf.get_vocab(true).keys().map(|p| p.chars().count()).max().unwrap();
+    let s = Server::start(&["--max-body-bytes", "3000000"]);
+    let word = "a".repeat(2_000_000);
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": word}));
+    assert_eq!(param, "prompt");
+    let fewest = 2_000_000usize.div_ceil(longest);
+    assert!(m.contains(&format!("at least {fewest} tokens, since no token holds more than {longest} bytes")), "{m}");
+    let chat = json!({"messages": [{"role": "user", "content": word}]});
+    let (param, m) = refused(&s, "/v1/chat/completions", &chat);
+    assert_eq!(param, "messages", "{m}");
+    // A prompt within the bound is tokenized and checked as before.
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": "a ".repeat(200)}));
+    assert!(param == "prompt" && m.contains("the prompt alone is 201 tokens"), "{m}");
+}

@@ -15,6 +15,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// The raw bytes of every id (byte-level BPE pieces mapped back through GPT-2's byte table).
     bytes: Vec<Vec<u8>>,
+    /// The most bytes one token holds.
+    longest: usize,
 }
 
 impl Tokenizer {
@@ -97,11 +99,23 @@ impl Tokenizer {
             })?;
             bytes.push(b);
         }
-        Ok(Tokenizer { inner, bytes })
+        let longest = bytes.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        Ok(Tokenizer { inner, bytes, longest })
     }
 
     pub fn vocab_size(&self) -> usize {
         self.bytes.len()
+    }
+
+    /// The fewest tokens `text` can be: no token holds more than the longest one's bytes. Known
+    /// at once, where encoding a long word takes time that grows faster than its length.
+    pub fn fewest_tokens(&self, text: &str) -> usize {
+        text.len().div_ceil(self.longest)
+    }
+
+    /// The most bytes one token holds.
+    pub fn longest_token(&self) -> usize {
+        self.longest
     }
 
     /// Ids of `text`, with no BOS added (as GPT-2 does); `<|endoftext|>` in the text is the special id.

@@ -17,6 +17,8 @@ pub enum Prompt {
 pub struct Params {
     pub model: Option<String>,
     pub prompts: Vec<Prompt>,
+    /// The field that holds the prompts (`prompt`, or a chat's `messages`), as errors name it.
+    pub prompt_param: &'static str,
     pub max_tokens: Option<usize>,
     /// The field that set (or would set) `max_tokens`, as errors name it.
     pub max_tokens_param: &'static str,
@@ -229,7 +231,11 @@ fn stop(m: &Map<String, Value>) -> ApiResult<Vec<String>> {
 }
 
 /// Fields both endpoints share.
-fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static str) -> ApiResult<Params> {
+fn common(
+    m: &Map<String, Value>,
+    (prompt_param, prompts): (&'static str, Vec<Prompt>),
+    max_tokens_key: &'static str,
+) -> ApiResult<Params> {
     let model = match field(m, "model") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -267,6 +273,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
     Ok(Params {
         model,
         prompts,
+        prompt_param,
         max_tokens,
         max_tokens_param,
         sampling: sampling(m)?,
@@ -285,7 +292,7 @@ fn common(m: &Map<String, Value>, prompts: Vec<Prompt>, max_tokens_key: &'static
 /// `/v1/completions`.
 pub fn completion(m: &Map<String, Value>) -> ApiResult<Params> {
     known_fields(m, &["prompt", "echo", "logprobs"])?;
-    let mut p = common(m, prompts(m)?, "max_tokens")?;
+    let mut p = common(m, ("prompt", prompts(m)?), "max_tokens")?;
     p.echo = boolean(m, "echo")?;
     p.logprobs = int(m, "logprobs", 0, MAX_LOGPROBS as i64)?.map(|k| k as usize);
     if p.echo && p.logprobs.is_some() {
@@ -342,7 +349,7 @@ pub fn chat(m: &Map<String, Value>) -> ApiResult<Params> {
         };
         messages.push(Message { role: role.to_string(), content });
     }
-    let mut p = common(m, vec![Prompt::Text(chat_template(&messages))], "max_completion_tokens")?;
+    let mut p = common(m, ("messages", vec![Prompt::Text(chat_template(&messages))]), "max_completion_tokens")?;
     if boolean(m, "logprobs")? {
         p.logprobs = Some(int(m, "top_logprobs", 0, MAX_LOGPROBS as i64)?.unwrap_or(0) as usize);
     } else if field(m, "top_logprobs").is_some() {

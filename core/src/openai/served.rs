@@ -43,7 +43,7 @@ impl Served {
         let eos = self.engine.model().config.eos_token_id;
         let mut prompts = vec![];
         for p in std::mem::take(&mut params.prompts) {
-            let (mut ids, text) = self.tokenize(p)?;
+            let (mut ids, text) = self.tokenize(p, params.prompt_param)?;
             if ids.is_empty() {
                 ids.push(eos);
             }
@@ -68,10 +68,22 @@ impl Served {
         }
     }
 
-    /// A prompt's ids and text (the text given, or the ids' decoding).
-    fn tokenize(&self, p: Prompt) -> ApiResult<(Vec<u32>, String)> {
+    /// A prompt's ids and text (the text given, or the ids' decoding). A text with more bytes than
+    /// the context's tokens could hold is refused before it is encoded (its encoding's time grows
+    /// with a long word's length squared: an 8 MB word took seconds of a core).
+    fn tokenize(&self, p: Prompt, param: &str) -> ApiResult<(Vec<u32>, String)> {
         match p {
-            Prompt::Text(t) => Ok((self.tok.encode(&t).map_err(|e| ApiError::bad("prompt", e.to_string()))?, t)),
+            Prompt::Text(t) if self.tok.fewest_tokens(&t) > self.n_positions() => {
+                let (n, longest) = (self.n_positions(), self.tok.longest_token());
+                let msg = format!(
+                    "this model's maximum context length is {n} tokens, and `{param}` is {} bytes: at least {} \
+                     tokens, since no token holds more than {longest} bytes: shorten it",
+                    t.len(),
+                    self.tok.fewest_tokens(&t),
+                );
+                Err(ApiError::bad(param, msg).with_code("context_length_exceeded"))
+            }
+            Prompt::Text(t) => Ok((self.tok.encode(&t).map_err(|e| ApiError::bad(param, e.to_string()))?, t)),
             Prompt::Ids(ids) => {
                 self.check_ids(&ids, "prompt")?;
                 let text = self.tok.decode(&ids);
