@@ -148,3 +148,37 @@ fn a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized() {
     let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": "a ".repeat(200)}));
     assert!(param == "prompt" && m.contains("the prompt alone is 201 tokens"), "{m}");
 }
+
+/// `Expect: 100-continue` without the API key is answered 401 at once, its body never invited; with
+/// the key, the body is invited (`100 Continue`) and the request served.
+#[test]
+fn a_request_without_the_key_is_not_invited_to_send_its_body() {
+    use std::io::{BufRead, BufReader, Write};
+    let s = Server::start(&["--api-key", "s3cret"]);
+    let body = json!({"prompt": "The cat", "max_tokens": 2}).to_string();
+    let ask = |key: &str| {
+        let mut c = common::server::connect(&s.base);
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{key}\
+             Content-Length: {}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        let mut r = BufReader::new(c.try_clone().unwrap());
+        let mut first = String::new();
+        r.read_line(&mut first).unwrap();
+        (c, r, first)
+    };
+    let (_, _, first) = ask("");
+    assert!(first.starts_with("HTTP/1.1 401"), "{first}");
+    let (mut c, mut r, first) = ask("Authorization: Bearer s3cret\r\n");
+    assert!(first.starts_with("HTTP/1.1 100"), "{first}");
+    c.write_all(body.as_bytes()).unwrap();
+    let mut status = String::new();
+    while !status.starts_with("HTTP/1.1 2") {
+        status.clear();
+        r.read_line(&mut status).unwrap();
+        assert!(!status.is_empty(), "no final answer");
+    }
+}

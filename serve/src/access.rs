@@ -59,7 +59,12 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     let work = Work::of(&app, &endpoint);
     let resp = match refusal(&app, &req) {
         Some(e) => {
-            drain(&app, req.into_body()).await;
+            // A client that waits to be invited (`Expect: 100-continue`) is answered at once: reading
+            // its body would invite it (the `100 Continue` goes out when the body is first read).
+            let waits = req.headers().get("expect").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+            if !waits {
+                drain(&app, req.into_body()).await;
+            }
             e.into_response()
         }
         None => next.run(req).await,
