@@ -182,3 +182,29 @@ fn a_request_without_the_key_is_not_invited_to_send_its_body() {
         assert!(!status.is_empty(), "no final answer");
     }
 }
+
+/// SIGTERM with a request half sent (its head, or its body) does not wait the whole
+/// --shutdown-timeout (30 s) for it: no work has started, so the server stops at once — the half
+/// body is answered 503 (shutting down), the half head closed.
+#[test]
+fn a_shutdown_does_not_wait_for_requests_never_finished() {
+    use std::io::{Read, Write};
+    let s = Server::start(&["--header-timeout", "60", "--body-timeout", "60"]);
+    let mut head = common::server::connect(&s.base);
+    head.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: loc").unwrap();
+    let mut body = common::server::connect(&s.base);
+    let req = "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"prompt\": ";
+    body.write_all(req.as_bytes()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let reader = std::thread::spawn(move || {
+        let mut resp = String::new();
+        let _ = body.read_to_string(&mut resp);
+        resp
+    });
+    let status = s.terminate();
+    let took = t0.elapsed();
+    assert!(status.success() && took < std::time::Duration::from_secs(10), "{status:?} after {took:?}");
+    let resp = reader.join().unwrap();
+    assert!(resp.starts_with("HTTP/1.1 503") && resp.contains("shutting down"), "{resp}");
+}

@@ -144,10 +144,9 @@ const DRAIN_FACTOR: usize = 8;
 /// endpoint or method), up to the same bound as an oversized one: a client still uploading then
 /// sees the status, not a reset. A body that stalls is left unread.
 pub async fn drain(app: &App, body: Body) {
-    use tokio_stream::StreamExt;
     let mut stream = body.into_data_stream();
     let mut seen = 0usize;
-    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(app.body_timeout, stream.next()).await {
+    while let Ok(Some(Ok(chunk))) = next_chunk(app, &mut stream).await {
         seen = seen.saturating_add(chunk.len());
         if seen > app.max_body.saturating_mul(DRAIN_FACTOR) {
             break;
@@ -155,14 +154,46 @@ pub async fn drain(app: &App, body: Body) {
     }
 }
 
+/// Why a body's next chunk did not come.
+enum NoChunk {
+    /// None for `body_timeout`.
+    Stalled,
+    /// The server began shutting down: a request not yet whole is not waited for.
+    Draining,
+}
+
+/// The body's next chunk (None at its end), waiting `body_timeout` at most, and no longer once
+/// the server drains.
+async fn next_chunk(
+    app: &App,
+    stream: &mut axum::body::BodyDataStream,
+) -> Result<Option<Result<axum::body::Bytes, axum::Error>>, NoChunk> {
+    use tokio_stream::StreamExt;
+    const SLICE: std::time::Duration = std::time::Duration::from_millis(50);
+    let until = tokio::time::Instant::now() + app.body_timeout;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(NoChunk::Stalled);
+        }
+        if let Ok(next) = tokio::time::timeout(left.min(SLICE), stream.next()).await {
+            return Ok(next);
+        }
+        if app.is_draining() {
+            return Err(NoChunk::Draining);
+        }
+    }
+}
+
 /// Reads the body, at most `max_body` bytes (413 beyond), as a JSON object.
 pub async fn body_object(app: &App, body: Body) -> ApiResult<serde_json::Map<String, Value>> {
-    use tokio_stream::StreamExt;
     let mut stream = body.into_data_stream();
     let (mut bytes, mut seen) = (Vec::new(), 0usize);
     loop {
-        let Ok(next) = tokio::time::timeout(app.body_timeout, stream.next()).await else {
-            return Err(stalled(app, seen));
+        let next = match next_chunk(app, &mut stream).await {
+            Ok(next) => next,
+            Err(NoChunk::Stalled) => return Err(stalled(app, seen)),
+            Err(NoChunk::Draining) => return Err(app.accepting().expect_err("draining")),
         };
         let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| {

@@ -16,8 +16,18 @@ pub async fn drain(app: Shared, bound: Duration) -> Duration {
     while app.working.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    until.saturating_duration_since(tokio::time::Instant::now())
+    // No completion in flight: what is still open has not delivered a whole request (a head or a
+    // body half sent; a body being read stops at once while draining), or is a short answer
+    // being written: a moment, not the rest of the bound.
+    let left = until.saturating_duration_since(tokio::time::Instant::now());
+    if app.working.load(Ordering::Relaxed) == 0 {
+        return left.min(GRACE);
+    }
+    left
 }
+
+/// What connections get after the drain when no completion is in flight.
+const GRACE: Duration = Duration::from_millis(500);
 
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
