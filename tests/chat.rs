@@ -7,85 +7,10 @@
 
 mod common;
 
+use common::chat_session::Session;
 use common::*;
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// A `kvgpt chat` on a pseudo-terminal, and everything it has written so far.
-struct Session {
-    /// The session's `XDG_STATE_HOME`, where its input history goes unless --history says.
-    _state: tempfile::TempDir,
-    child: Child,
-    stdin: ChildStdin,
-    out: Arc<Mutex<Vec<u8>>>,
-    /// How much of `out` earlier waits consumed.
-    seen: usize,
-}
-
-impl Session {
-    fn start(args: &[&str]) -> Session {
-        // `exec`: the shell `script` starts must not stay as kvgpt's parent in the terminal's
-        // process group, where a Ctrl-C would kill it (dash, CI's /bin/sh, does not exec by itself).
-        let mut cmd = vec!["exec".to_string(), env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
-        cmd.extend(args.iter().map(|a| format!("'{a}'")));
-        let state = tempfile::tempdir().unwrap();
-        let mut child = Command::new("script")
-            .args(["-qfec", &cmd.join(" "), "/dev/null"])
-            .env("XDG_STATE_HOME", state.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("util-linux `script` runs a command on a pseudo-terminal");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = child.stdout.take().unwrap();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let sink = out.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Session { _state: state, child, stdin, out, seen: 0 }
-    }
-
-    /// Waits until the output after what was seen holds `what`; returns the text up to its end.
-    fn wait_for(&mut self, what: &str) -> String {
-        let start = Instant::now();
-        loop {
-            let text = String::from_utf8_lossy(&self.out.lock().unwrap()[self.seen..]).into_owned();
-            if let Some(at) = text.find(what) {
-                self.seen += at + what.len();
-                return text[..at + what.len()].to_string();
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "no {what:?} in {text:?}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    fn send(&mut self, text: &str) {
-        self.stdin.write_all(text.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    fn exit_code(mut self) -> Option<i32> {
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s.code();
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "the session did not end");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
 
 fn chat_reference() -> Vec<Value> {
     sampling_reference()["chat"].as_array().unwrap().clone()
@@ -425,4 +350,33 @@ fn a_chat_starts_from_what_the_kv_disk_holds() {
         s.send("/quit\n");
         assert_eq!(s.exit_code(), Some(0));
     }
+}
+
+/// Typeahead is kept: two lines sent at once (typed while the session starts or an answer
+/// streams), and a line ending in `\` sent with the next, are each read in order — the second
+/// turn's answer is HF's for the same conversation, and the joined lines are one turn.
+#[test]
+fn lines_typed_ahead_are_read_in_order_not_lost() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let turns = chat_reference();
+    let (first, second) = (turns[0]["line"].as_str().unwrap(), turns[1]["line"].as_str().unwrap());
+    let mut s = Session::start(&["--model", &m, "-n", "8", "--no-history"]);
+    s.send(&format!("{first}\r{second}\r"));
+    for t in &turns[..2] {
+        let text = s.wait_for("ended: ");
+        let answer = t["answer_text"].as_str().unwrap();
+        assert!(text.contains(&format!("{answer}\r\n")), "{answer:?} in {text:?}");
+    }
+    s.wait_for("> ");
+    s.send("/reset\r");
+    s.wait_for("> ");
+    s.send("one \\\rtwo\r");
+    let text = s.wait_for("ended: ");
+    assert!(text.contains("… ") && text.contains("two"), "{text}");
+    s.wait_for("> ");
+    // One turn: taking it back leaves nothing.
+    s.send("/undo\r");
+    s.wait_for("tokens; 0 tokens left)");
+    s.send("/quit\r");
+    assert_eq!(s.exit_code(), Some(0));
 }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod chat_session;
 pub mod gguf_edit;
 pub mod hub_server;
 pub mod random_model;
