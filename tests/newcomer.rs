@@ -208,3 +208,21 @@ fn a_shutdown_does_not_wait_for_requests_never_finished() {
     let resp = reader.join().unwrap();
     assert!(resp.starts_with("HTTP/1.1 503") && resp.contains("shutting down"), "{resp}");
 }
+
+/// A misspelt field names the closest of the endpoint's own fields, and the list is the
+/// endpoint's (not the fields routers add, which are accepted but not a client's to send).
+#[test]
+fn an_unknown_field_names_the_closest_one() {
+    let s = Server::start(&[]);
+    let (param, m) = refused(&s, "/v1/completions", &json!({"prompt": "x", "max_token": 5}));
+    assert_eq!(param, "max_token");
+    assert!(m.contains("did you mean `max_tokens`?") && !m.contains("no_stop_trim"), "{m}");
+    let chat = json!({"messages": [{"role": "user", "content": "x"}], "max_completion_token": 5});
+    let (_, m) = refused(&s, "/v1/chat/completions", &chat);
+    assert!(m.contains("did you mean `max_completion_tokens`?"), "{m}");
+    let (_, m) = refused(&s, "/v1/completions", &json!({"prompt": "x", "qqqq": 1}));
+    assert!(!m.contains("did you mean") && m.contains("this endpoint takes"), "{m}");
+    // A router's field is still taken.
+    let ok = s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 1, "no_stop_trim": false}));
+    assert_eq!(ok.0, 200);
+}

@@ -99,6 +99,21 @@ fn draw_seed() -> u64 {
     std::collections::hash_map::RandomState::new().build_hasher().finish() >> 11
 }
 
+/// Levenshtein distance: the fewest characters inserted, removed or replaced to turn `a` into `b`.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1).min(row[j] + 1).min(diag + usize::from(ca != cb));
+            (diag, row[j + 1]) = (row[j + 1], next);
+        }
+    }
+    row[b.len()]
+}
+
 /// The fields both endpoints take; `user` (OpenAI's end-user tag) and `cache_prompt` (llama.cpp's;
 /// the prompt cache is always on) are accepted and change nothing.
 const COMMON_FIELDS: &[&str] = &[
@@ -125,12 +140,16 @@ const COMMON_FIELDS: &[&str] = &[
 
 /// Refuses a field neither endpoint nor `extra` knows, as OpenAI does: a misspelt `max_token`
 /// must not silently leave the default in place.
+/// The error names the closest of the endpoint's own fields and lists them (the fields routers
+/// add, which are accepted too, are not a client's to send).
 fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
     let known = |k: &str| COMMON_FIELDS.contains(&k) || extra.contains(&k) || routers::FIELDS.contains(&k);
     if let Some(k) = m.keys().find(|k| !known(k)) {
-        let mut all: Vec<&str> = COMMON_FIELDS.iter().chain(extra).chain(routers::FIELDS).copied().collect();
-        all.sort_unstable();
-        return Err(ApiError::bad(k, format!("unknown field `{k}`; this endpoint takes {}", all.join(", "))));
+        let mut own: Vec<&str> = COMMON_FIELDS.iter().chain(extra).copied().collect();
+        own.sort_unstable();
+        let closest = own.iter().map(|f| (edits(k, f), *f)).min().filter(|&(d, f)| d <= f.len().max(k.len()) / 3);
+        let guess = closest.map_or(String::new(), |(_, f)| format!("did you mean `{f}`? "));
+        return Err(ApiError::bad(k, format!("unknown field `{k}`; {guess}this endpoint takes {}", own.join(", "))));
     }
     Ok(())
 }
