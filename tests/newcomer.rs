@@ -226,3 +226,38 @@ fn an_unknown_field_names_the_closest_one() {
     let ok = s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 1, "no_stop_trim": false}));
     assert_eq!(ok.0, 200);
 }
+
+/// A one-token prompt is "1 prompt token" (HF's tokenizer says "Hi" is one), not "1 prompt tokens".
+#[test]
+fn one_prompt_token_is_said_in_the_singular() {
+    let hf = tokenizers::Tokenizer::from_file(common::fixture_dir().join("tokenizer.json")).unwrap();
+    assert_eq!(hf.encode("Hi", false).unwrap().get_ids().len(), 1);
+    let disk = tempfile::tempdir().unwrap();
+    let out = common::views::kvgpt(&[
+        "generate",
+        "Hi",
+        "-n",
+        "2",
+        "--model",
+        &common::model(),
+        "--kv-disk",
+        disk.path().to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("reused 0 of 1 prompt token\n"), "{err}");
+}
+
+/// `explain`'s cache line multiplies out: layers × 2 × heads·positions·head size floats × 4 bytes,
+/// each factor from config.json and HF's tokenizer, and the product.
+#[test]
+fn explain_says_the_bytes_of_a_float() {
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(common::fixture_dir().join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap();
+    let (l, h, hs) = (n("n_layer"), n("n_head"), n("n_embd") / n("n_head"));
+    let hf = tokenizers::Tokenizer::from_file(common::fixture_dir().join("tokenizer.json")).unwrap();
+    let t = hf.encode("The cat sat", false).unwrap().get_ids().len() as u64;
+    let out = common::views::stdout(&["explain", "The cat sat", "--model", &common::model()]);
+    let want = format!("{l} layers × 2 × {h}·{t}·{hs} floats × 4 bytes = {} bytes in use", l * 2 * h * t * hs * 4);
+    assert!(out.contains(&want), "{want:?} in {out}");
+}

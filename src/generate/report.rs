@@ -128,15 +128,12 @@ impl Report<'_> {
     pub fn print_stats(&self) {
         let (g, t, model) = (self.g, &self.g.timings, &self.loaded.model);
         if let Some(f) = &self.a.prompt_cache {
-            errln!(
-                "[kvgpt] prompt cache {}: reused {} of {} prompt tokens",
-                f.display(),
-                self.reused,
-                g.prompt_ids.len()
-            );
+            let of = count(g.prompt_ids.len(), "prompt token");
+            errln!("[kvgpt] prompt cache {}: reused {} of {of}", f.display(), self.reused);
         }
         if let Some(d) = &self.a.kv_disk.kv_disk {
-            errln!("[kvgpt] K/V disk {}: reused {} of {} prompt tokens", d.display(), self.reused, g.prompt_ids.len());
+            let of = count(g.prompt_ids.len(), "prompt token");
+            errln!("[kvgpt] K/V disk {}: reused {} of {of}", d.display(), self.reused);
         }
         if let Some((d, s)) = self.drafting {
             errln!(

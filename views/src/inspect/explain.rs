@@ -178,11 +178,17 @@ impl Lesson<'_> {
         let (cfg, t) = (self.cfg(), self.ids.len());
         let (nh, hs, nl) = (cfg.n_head, cfg.head_dim(), cfg.n_layer);
         say!(out, "5. The KV cache after this prefill: every layer keeps K and V of shape (1, {nh}, {t}, {hs}),");
+        let shape = self.tr.cache.shape();
+        let held = kvgpt_core::KvCache::bytes_per_position_as(cfg, shape.ty) * t;
+        let size = match shape.ty.name() {
+            "f32" => format!("floats × 4 bytes = {held} bytes"),
+            ty => format!("numbers, held as {ty}: {held} bytes"),
+        };
         say!(
             out,
-            "   {} layers × 2 × {nh}·{t}·{hs} floats = {} bytes in use, preallocated for {} positions.\n",
-            nl,
-            nl * 2 * nh * t * hs * 4,
+            "   {nl} layers × 2 × {nh}·{t}·{hs} {size} in use, in blocks of {} positions taken as positions arrive \
+             (the model reads at most {}).\n",
+            shape.positions,
             cfg.n_positions
         );
     }
