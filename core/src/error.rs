@@ -90,15 +90,17 @@ pub enum Error {
     Hub(String),
 
     #[error(
-        "{id}/{file} is not in the local Hugging Face cache ({}) and offline mode is on; go online once, \
-         or use a local model folder (config.json, model.safetensors, tokenizer.json)",
+        "there is no folder `{id}` here, so it was taken as a Hugging Face Hub id: {id}/{file} is not in the \
+         local Hugging Face cache ({}) and offline mode is on; go online once, or use a local model folder \
+         (config.json, model.safetensors, tokenizer.json)",
         cache_dir.display()
     )]
     NotCached { id: String, file: String, cache_dir: PathBuf },
 
     #[error(
-        "could not fetch {id}/{file} from {from} ({reason}); without the Hub, use a local model folder \
-         (config.json, model.safetensors, tokenizer.json)"
+        "there is no folder `{id}` here, so it was taken as a Hugging Face Hub id: could not fetch {id}/{file} \
+         from {from} ({reason}); without the Hub, use a local model folder (config.json, model.safetensors, \
+         tokenizer.json)"
     )]
     HubFetch { id: String, file: String, from: String, reason: String },
 

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bad_input_raises_clear_exceptions(model, tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         kvgpt.load(str(tmp_path / "nope"), offline=True)
+    # A bare name that is no folder here is looked up on the Hub, and the error says why.
+    with pytest.raises(FileNotFoundError, match="there is no folder `nope` here, so it was taken as a Hugging Face Hub id"):
+        kvgpt.load("nope", offline=True)
     with pytest.raises(ValueError, match="dtype \"q3\" is not one kvgpt holds weights as; choose one of f32"):
         kvgpt.load(str(ROOT / "tests" / "fixtures" / "tiny-gpt2"), dtype="q3")
     with pytest.raises(ValueError, match="128"):
