@@ -80,6 +80,13 @@ fn dtype_converts_a_gguf_only_when_asked_and_says_so() {
     let out = run(&["generate", "-m", &m, "-n", "4", "--json", "--dtype", "q8", "Hello"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--dtype q8 quantizes them again") && err.contains("no longer the file's"), "{err}");
+    // An f32 file's weights were never quantized: not "again"; f16 from f32 is rounded, not widened.
+    let f32_file = gguf_fixture("f32").to_string_lossy().into_owned();
+    for (dtype, says) in [("q8", "--dtype q8 quantizes them: the weights"), ("f16", "--dtype f16 rounds them")] {
+        let out = run(&["generate", "-m", &f32_file, "-n", "2", "--json", "--dtype", dtype, "Hello"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("holds f32 weights") && err.contains(says) && !err.contains("again"), "{err}");
+    }
     let info = String::from_utf8_lossy(&run(&["info", "-m", &m]).stdout).into_owned();
     assert!(info.contains("q4_0") && info.contains("(as the file stores it; the default)"), "{info}");
 }

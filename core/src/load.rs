@@ -58,10 +58,14 @@ impl LoadSpec {
     fn conversion_note(&self, files: &ModelFiles) -> Option<String> {
         let ty = self.dtype?;
         let stored = weights::gguf_main_type(&files.weights).filter(|&s| s != ty)?;
-        let how = if ty.is_integer() || ty == WeightType::Q8 {
-            "quantizes them again from their f32 values: the weights are no longer the file's"
-        } else {
-            "converts them from their f32 values (widened exactly)"
+        let float = |t: WeightType| matches!(t, WeightType::F32 | WeightType::F16 | WeightType::Bf16);
+        let how = match (float(stored), float(ty)) {
+            // A file's quantized values, read back as f32, quantized anew.
+            (false, false) => "quantizes them again from their f32 values: the weights are no longer the file's",
+            (true, false) => "quantizes them: the weights are no longer the file's",
+            (false, true) => "converts them from their f32 values (widened exactly)",
+            (true, true) if ty == WeightType::F32 => "widens them exactly",
+            (true, true) => "rounds them to the nearest value it holds: the weights are no longer the file's",
         };
         Some(format!(
             "note: {} holds {} weights; --dtype {} {how} (without --dtype they are held as they are)",
