@@ -115,17 +115,18 @@ fn write_text(out: &mut String, v: &DraftView) -> std::fmt::Result {
         match r.p_rejected {
             Some(p) => writeln!(
                 out,
-                "   model    {} (p {:.3}) instead of {} (p {p:.3}); {} accepted, {} never judged",
+                "   model    {} (p {}) instead of {} (p {}); {} accepted, {} never judged",
                 label(&r.token),
-                r.p_token,
+                prob(r.p_token),
                 label(&r.drafted[r.accepted]),
+                prob(p),
                 r.accepted,
                 d - r.accepted - 1
             )?,
             None if d > 0 => {
-                writeln!(out, "   model    all {d} accepted, then its own {} (p {:.3})", label(&r.token), r.p_token)?
+                writeln!(out, "   model    all {d} accepted, then its own {} (p {})", label(&r.token), prob(r.p_token))?
             }
-            None => writeln!(out, "   model    {} (p {:.3}); no draft this round", label(&r.token), r.p_token)?,
+            None => writeln!(out, "   model    {} (p {}); no draft this round", label(&r.token), prob(r.p_token))?,
         }
     }
     let drafted: usize = v.rounds.iter().map(|r| r.drafted.len()).sum();
@@ -200,8 +201,28 @@ v.rounds.forEach((r, i) => {
     cells.appendChild(cell(cls, id, r.cache_before + 1 + j, cls));
   });
   cells.appendChild(cell('model', r.token, r.cache_before + 1 + r.accepted,
-    'the model\\'s own token, p ' + r.p_token.toFixed(3)));
+    'the model\\'s own token, p ' + (r.p_token >= 0.001 ? r.p_token.toFixed(3) : r.p_token.toPrecision(2))));
   div.appendChild(cells);
   root.appendChild(div);
 });
 ";
+
+/// A probability as read: three decimals, or two significant digits below 0.001 (a random model's
+/// near-uniform choice is 2.0e-5, not 0.000).
+fn prob(p: f64) -> String {
+    if p >= 1e-3 || p == 0.0 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_small_probability_keeps_its_digits() {
+        assert_eq!(super::prob(0.0283), "0.028");
+        assert_eq!(super::prob(1.0 / 50257.0), "2.0e-5", "a near-uniform choice over GPT-2's vocabulary");
+        assert_eq!(super::prob(0.0), "0.000");
+    }
+}
