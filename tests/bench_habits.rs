@@ -112,3 +112,42 @@ fn zero_skips_a_test_and_depths_are_named_as_llama_bench_names_them() {
     let out = kvgpt(&["bench", "-m", &m, "-p", "0", "-n", "0"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("-p 0 and -n 0 leave nothing to run"));
 }
+
+/// `-o json` rows carry llama-bench's keys beside kvgpt's, so a script written for
+/// `llama-bench -o json` reads them: the model's size and parameters, the threads, the test's
+/// prompt and generated tokens, the K/V type, and the timings in its units — tokens per second
+/// (avg_ts, stddev_ts, samples_ts: one per repetition) and nanoseconds per run of the test.
+#[test]
+fn json_rows_carry_llama_benchs_keys() {
+    let m = model();
+    let args = ["bench", "-m", &m, "-p", "4", "-n", "2", "-r", "3", "--probe-mib", "0", "--no-uncached", "-o", "json"];
+    let (json, _) = ok(&kvgpt(&args));
+    let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for r in rows.as_array().unwrap() {
+        assert_eq!(
+            (&r["model_filename"], &r["model_size"], &r["model_n_params"]),
+            (&r["model"], &r["model_size_bytes"], &r["model_params"])
+        );
+        assert_eq!(
+            (&r["n_threads"], &r["n_prompt"], &r["n_gen"]),
+            (&r["threads"], &r["prompt_tokens"], &r["gen_tokens"])
+        );
+        assert_eq!((&r["type_k"], &r["type_v"]), (&r["kv_dtype"], &r["kv_dtype"]));
+        let ts: Vec<f64> = r["samples_ts"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        let ns: Vec<f64> = r["samples_ns"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        assert_eq!(ts.len(), 3, "{r}");
+        let mean = ts.iter().sum::<f64>() / 3.0;
+        assert!((r["avg_ts"].as_f64().unwrap() - mean).abs() <= 1e-9 * mean, "{r}");
+        let tokens = if r["n_gen"].as_u64().unwrap() > 0 {
+            r["n_gen"].as_u64().unwrap()
+        } else {
+            r["n_prompt"].as_u64().unwrap()
+        };
+        for (t, n) in ts.iter().zip(&ns) {
+            assert!(
+                (n * t / 1e9 - tokens as f64).abs() < 1e-6 * tokens as f64,
+                "{n} ns at {t} tok/s for {tokens} tokens"
+            );
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! it, and the tables that compare rows (cached against uncached, sampled, drafted, batched).
 
 mod csv;
+mod llama_keys;
 
 pub use csv::csv;
 
@@ -155,6 +156,9 @@ pub struct RowReport<'a> {
     acceptance: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tokens_per_step: Option<f64>,
+    /// llama-bench's names for the same row.
+    #[serde(flatten)]
+    llama: llama_keys::LlamaBenchKeys<'a>,
 }
 
 impl<'a> RowReport<'a> {
@@ -168,7 +172,31 @@ impl<'a> RowReport<'a> {
             Test::Decode { prompt, gen, cached, .. } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
             Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
         };
+        // A row's tokens as llama-bench times a test: the prompt, or the generated tokens.
+        let timed = if gen > 0 { gen * batch } else { prompt };
+        let [(avg_ns, stddev_ns), (avg_ts, stddev_ts)] = llama_keys::timing(timed, &r.tok_s);
+        let (samples_ns, samples_ts) = llama_keys::samples(timed, &r.tok_s);
+        let llama = llama_keys::LlamaBenchKeys {
+            build_commit: h.git,
+            backends: "CPU",
+            model_filename: &h.model,
+            model_type: format!("gpt2 {}", h.dtype),
+            model_size: h.weight_bytes,
+            model_n_params: h.parameters,
+            n_threads: h.threads,
+            type_k: h.kv_dtype,
+            type_v: h.kv_dtype,
+            n_prompt: prompt,
+            n_gen: gen,
+            avg_ns,
+            stddev_ns,
+            avg_ts,
+            stddev_ts,
+            samples_ns,
+            samples_ts,
+        };
         RowReport {
+            llama,
             model: &h.model,
             model_size_bytes: h.weight_bytes,
             model_params: h.parameters,
