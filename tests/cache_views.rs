@@ -114,6 +114,8 @@ fn the_cache_grid_scores_and_weights_match_hugging_face() {
             &model(),
             "--prefill",
             "10",
+            "--generate",
+            "0",
             "--layer",
             &ls,
             "--head",
@@ -166,8 +168,19 @@ fn the_cache_grid_scores_and_weights_match_hugging_face() {
     // Every layer's cache after the run (all heads), exported: HF's past_key_values.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("kv.safetensors");
-    let out =
-        kvgpt(&["inspect", "cache", &p.text, "--model", &model(), "--prefill", "3", "--export", f.to_str().unwrap()]);
+    let out = kvgpt(&[
+        "inspect",
+        "cache",
+        &p.text,
+        "--model",
+        &model(),
+        "--prefill",
+        "3",
+        "--generate",
+        "0",
+        "--export",
+        f.to_str().unwrap(),
+    ]);
     assert!(out.status.success());
     let (shape, k) = kvgpt_core::export::read(&f, Some("k")).unwrap();
     assert_eq!(shape, vec![2, 4, t, 16]);
@@ -184,10 +197,13 @@ fn the_terminal_view_marks_steps_and_pictures_stay_off_the_terminal() {
     let m = model();
     let text = stdout(&["inspect", "cache", "The cat sat on", "--model", &m, "--prefill", "2", "--generate", "1"]);
     assert!(text.contains("step 0 — prefill: 2 prompt tokens at positions 0–1"), "{text}");
-    assert!(text.contains("step 1 — decode: “·sat” at position 2 reads K,V of positions 0–1 from the cache"), "{text}");
+    // Prompt tokens fed after --prefill are headed as such, not as decoded ones.
+    let fed = "step 1 — a prompt token fed alone: “·sat” at position 2 reads K,V of positions 0–1 from the cache";
+    assert!(text.contains(fed), "{text}");
+    assert!(text.contains("step 3 — decode: “"), "{text}");
     assert!(text.contains("−∞"), "the prefill's scores show the mask");
     // Step 2 wrote one row (■) and read two (□), in the grid of layer 0.
-    let step2 = &text[text.find("step 2 — decode").unwrap()..text.find("step 3 — decode").unwrap()];
+    let step2 = &text[text.find("step 2 — a prompt token").unwrap()..text.find("step 3 — decode").unwrap()];
     let grid: Vec<&str> = step2.lines().filter(|l| l.contains("   ↻")).collect();
     assert_eq!(grid.len(), 4);
     assert!(grid[..3].iter().all(|l| l.contains("□ □")) && grid[3].contains("■ ■"), "{grid:?}");
@@ -215,8 +231,13 @@ fn the_terminal_view_marks_steps_and_pictures_stay_off_the_terminal() {
     let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--prefill", "3"]);
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("the prefill must feed 1 to 2 tokens"));
-    let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--step", "4"]);
+    let bad = kvgpt(&["inspect", "cache", "The cat", "--model", &m, "--step", "4", "--generate", "0"]);
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--step 4 is out of range: this run has only the prefill"));
+    // By default a few decode steps follow the prefill: the cache at work.
+    let j: serde_json::Value =
+        serde_json::from_str(&stdout(&["inspect", "cache", "The cat", "--model", &m, "--json"])).unwrap();
+    let kinds: Vec<&str> = j["steps"].as_array().unwrap().iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["prefill", "decode", "decode", "decode"]);
 }
 
 /// `cache diff`'s block tables for a prompt of `la` tokens, then one of `lb` whose first `stop`

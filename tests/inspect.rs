@@ -172,7 +172,18 @@ fn exports_hold_hidden_states_kv_attention_and_logits() {
     assert_close("logits", &read_export(&f, "logits").1, &want("logits"), TOL);
 
     let f = dir.path().join("kv.safetensors");
-    json_of(&["inspect", "cache", &p.text, "--model", &m, "--json", "--export", f.to_str().unwrap()]);
+    json_of(&[
+        "inspect",
+        "cache",
+        &p.text,
+        "--model",
+        &m,
+        "--json",
+        "--generate",
+        "0",
+        "--export",
+        f.to_str().unwrap(),
+    ]);
     let (shape, k) = read_export(&f, "k");
     assert_eq!(shape, vec![2, 4, t, 16]);
     let v = read_export(&f, "v").1;

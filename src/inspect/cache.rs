@@ -17,8 +17,9 @@ use std::path::PathBuf;
 /// What `inspect cache` shows and where.
 #[derive(Args, Clone)]
 pub struct CacheArgs {
-    /// Greedy decode steps to run after the prompt.
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    /// Greedy decode steps to run after the prompt (the cache at work: each reads what the steps
+    /// before it wrote; 0 shows the prefill alone).
+    #[arg(long, default_value_t = 3, value_name = "N")]
     pub generate: usize,
     /// Prefill only the first N prompt tokens, then feed the rest one at a time as decode steps
     /// (how a chat's next turn or a streamed prompt reaches the cache).

@@ -41,7 +41,7 @@ pub fn cache_view(
     let spec = TraceSpec { generate: ask.generate, want: cache_step_points, all_logits: false, prefill: ask.prefill };
     let mut tr = trace(m, ids, &spec)?;
     let steps = cache_steps(m, &mut tr, ask.layer, ask.head)?;
-    let steps: Vec<StepView> = steps.iter().enumerate().map(|(i, st)| step_view(i, st)).collect();
+    let steps: Vec<StepView> = steps.iter().enumerate().map(|(i, st)| step_view(i, st, tr.prompt_len)).collect();
     let view = CacheView {
         model: loaded.files.name.clone(),
         dtype: m.weights_dtype(),
@@ -87,11 +87,17 @@ fn block_table(cache: &KvCache, steps: &[StepView], held: Option<Vec<Held>>) -> 
     cache.blocks().iter().enumerate().map(entry).collect()
 }
 
-fn step_view(i: usize, st: &CacheStep) -> StepView {
+/// Step `i` of a run whose prompt is `prompt` tokens: the prefill, a prompt token fed alone (after
+/// `--prefill N`), or the decode of a generated one.
+fn step_view(i: usize, st: &CacheStep, prompt: usize) -> StepView {
     let n = st.p + st.t;
     StepView {
         step: i,
-        kind: if i == 0 { "prefill" } else { "decode" },
+        kind: match i {
+            0 => "prefill",
+            _ if st.p < prompt => "prompt",
+            _ => "decode",
+        },
         cached_before: st.p,
         written: [st.p, n],
         work: compare(st.cached, st.uncached),

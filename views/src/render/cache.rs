@@ -23,6 +23,8 @@ pub struct Ratio {
 #[derive(Serialize)]
 pub struct StepView {
     pub step: usize,
+    /// "prefill", "prompt" (a prompt token fed alone, after `--prefill N`) or "decode" (a
+    /// generated token).
     pub kind: &'static str,
     /// Positions read from the cache (written by earlier steps).
     pub cached_before: usize,

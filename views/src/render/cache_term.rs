@@ -44,10 +44,11 @@ pub fn summary(v: &CacheView, st: &StepView) -> String {
             if b - a == 1 { "" } else { "s" },
             positions(a, b)
         ),
-        _ => format!(
-            "step {} — decode: {} at position {a} reads K,V of {} from the cache, computes only its own q,k,v and \
+        kind => format!(
+            "step {} — {}: {} at position {a} reads K,V of {} from the cache, computes only its own q,k,v and \
              writes position {a}",
             st.step,
+            if kind == "prompt" { "a prompt token fed alone" } else { "decode" },
             toks(a),
             positions(0, a)
         ),

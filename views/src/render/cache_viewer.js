@@ -36,7 +36,8 @@
   function summary(st) {
     const [a, b] = st.written;
     if (st.kind === "prefill") return "Step 0 — prefill: positions 0–" + (b - 1) + " computed together, their K,V written.";
-    return "Step " + st.step + " — decode: “" + label(V.tokens[a]) + "” at position " + a + " reads K,V of positions 0–" +
+    const what = st.kind === "prompt" ? "a prompt token fed alone" : "decode";
+    return "Step " + st.step + " — " + what + ": “" + label(V.tokens[a]) + "” at position " + a + " reads K,V of positions 0–" +
       (a - 1) + " from the cache and writes position " + a + ". Without the cache: positions 0–" + a +
       " run again (" + (st.recomputed_same_bits ? "same bits" : "NOT the same bits") + ").";
   }
