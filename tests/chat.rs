@@ -380,3 +380,18 @@ fn lines_typed_ahead_are_read_in_order_not_lost() {
     s.send("/quit\r");
     assert_eq!(s.exit_code(), Some(0));
 }
+
+/// The banner is broken at spaces to the terminal's width (60 columns here), not mid-word by the
+/// terminal.
+#[test]
+fn the_banner_fits_the_terminal_without_breaking_words() {
+    let m = fixture_dir().to_string_lossy().into_owned();
+    let mut s = Session::start_sized(&["--model", &m, "--no-history"], Some(60));
+    let text = s.wait_for("ends the session");
+    let banner = &text[text.find("kvgpt chat:").unwrap()..];
+    let lines: Vec<&str> = banner.split("\r\n").collect();
+    assert!(lines.len() > 5 && lines.iter().all(|l| l.chars().count() <= 60), "{lines:#?}");
+    assert!(lines.join(" ").contains("commands: /regen (answer the last turn again), /undo (take back"), "{lines:#?}");
+    s.send("/quit\r");
+    assert_eq!(s.exit_code(), Some(0));
+}

@@ -72,13 +72,15 @@ pub fn run(a: &ChatArgs) -> Result<Outcome> {
         draft: drafting.as_ref().map(|d| d.name.as_str()),
         max_new: a.max_new_tokens as usize,
     };
-    errln!(
+    let banner = format!(
         "kvgpt chat: {} ({} positions of context, {}), {}. {HELP}",
         loaded.files.name,
         model.config.n_positions,
         model.weights_dtype(),
         crate::common::sampler_words(&sampling)
     );
+    // Broken at spaces to the terminal's width, where the terminal would break words.
+    errln!("{}", kvgpt_views::render::term::wrap(&banner, terminal_width()));
     loop {
         crate::out::flush()?;
         let line = match keys.read(&mut input)? {
@@ -176,4 +178,13 @@ impl Keys {
         self.at_prompt.store(false, Ordering::SeqCst);
         read
     }
+}
+
+/// The width of the terminal the session writes to: its own size, else $COLUMNS; None when neither
+/// says (a pipe, a terminal of no size).
+fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    let own = std::io::stderr().is_terminal().then(|| console::Term::stderr().size_checked()).flatten();
+    let columns = || std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok());
+    own.map(|(_, w)| w as usize).or_else(columns).filter(|&w: &usize| w >= 20)
 }

@@ -19,9 +19,15 @@ pub struct Session {
 
 impl Session {
     pub fn start(args: &[&str]) -> Session {
+        Session::start_sized(args, None)
+    }
+
+    /// [`Session::start`] on a terminal `columns` wide.
+    pub fn start_sized(args: &[&str], columns: Option<u16>) -> Session {
         // `exec`: the shell `script` starts must not stay as kvgpt's parent in the terminal's
         // process group, where a Ctrl-C would kill it (dash, CI's /bin/sh, does not exec by itself).
-        let mut cmd = vec!["exec".to_string(), env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
+        let size = columns.map_or(String::new(), |c| format!("stty rows 40 cols {c}; "));
+        let mut cmd = vec![format!("{size}exec"), env!("CARGO_BIN_EXE_kvgpt").to_string(), "chat".into()];
         cmd.extend(args.iter().map(|a| format!("'{a}'")));
         let state = tempfile::tempdir().unwrap();
         let mut child = Command::new("script")
