@@ -125,9 +125,9 @@ fn serve_refuses_a_pool_that_holds_no_block_and_a_size_that_is_not_one() {
     let model = model.to_str().unwrap();
     for (mb, want) in [
         ("0.001", "the K/V pool holds no block of 16384 bytes: give --kv-mb at least 0.02"),
-        ("-3", "'-3' is not a size in megabytes"),
-        ("0", "'0' is not a size in megabytes"),
-        ("abc", "'abc' is not a size in megabytes"),
+        ("-3", "'-3' is not a size in MiB"),
+        ("0", "'0' is not a size in MiB"),
+        ("abc", "'abc' is not a size in MiB"),
         // 858 TiB: more than a process's address space, refused before anything is served.
         ("900000000", "could not be allocated: give a smaller --kv-mb"),
     ] {
