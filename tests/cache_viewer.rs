@@ -135,6 +135,34 @@ fn the_cache_viewer_in_headless_chromium() {
         }
     }
 
+    // Both heatmaps have a legend (five swatches, −max to +max), and every score is readable on
+    // its cell: WCAG's contrast ratio between the text's colour and the cell's at least 4.5.
+    for caption in ["scores-caption", "values-caption"] {
+        let n = b.js("return document.querySelectorAll('#' + arguments[0] + ' .swatch').length", json!([caption]));
+        assert_eq!(n, json!(5), "{caption}");
+    }
+    let pairs = b.js(
+        "return [...document.querySelectorAll('#scores rect.score')].map(r => [getComputedStyle(r).fill, \
+         getComputedStyle(r.nextElementSibling).fill])",
+        json!([]),
+    );
+    let luminance = |c: [u8; 3]| {
+        let lin = |v: u8| {
+            let s = v as f64 / 255.0;
+            if s <= 0.04045 {
+                s / 12.92
+            } else {
+                ((s + 0.055) / 1.055).powf(2.4)
+            }
+        };
+        0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2])
+    };
+    for p in pairs.as_array().unwrap() {
+        let (cell, text) = (luminance(rgb(p[0].as_str().unwrap())), luminance(rgb(p[1].as_str().unwrap())));
+        let ratio = (cell.max(text) + 0.05) / (cell.min(text) + 0.05);
+        assert!(ratio >= 4.5, "text {} on {}: contrast {ratio:.2}", p[1], p[0]);
+    }
+
     // The screenshot: written rows orange, read rows grey-blue, each weight the colour of its
     // value on the Blues scale.
     b.click("#next"); // step 1: writes position 10

@@ -25,6 +25,29 @@
     const a = Math.min(Math.abs(x) / (max || 1), 1), c = Math.round(255 * (1 - a));
     return x >= 0 ? "rgb(" + c + "," + c + ",255)" : "rgb(255," + c + "," + c + ")";
   }
+  // Text on a cell: white or black, whichever contrasts more with the cell's colour (by WCAG's
+  // relative luminance: white below 0.179, where both contrast alike).
+  function ink(x, max) {
+    const lin = (v) => { const s = v / 255; return s <= 0.04045 ? s / 12.92 : Math.pow((s + 0.055) / 1.055, 2.4); };
+    const [r, g, b] = diverging(x, max).match(/\d+/g).map(Number);
+    return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b) < 0.179 ? "#fff" : "#000";
+  }
+  // The diverging scale's legend, after a caption: five swatches from −max to +max.
+  function legend(id, max) {
+    const cap = document.getElementById(id);
+    const box = document.createElement("span");
+    box.className = "legend";
+    box.append(" — colour: ");
+    [-1, -0.5, 0, 0.5, 1].forEach((f) => {
+      const s = document.createElement("span");
+      s.className = "swatch";
+      s.style.background = diverging(f * max, max);
+      s.style.color = ink(f * max, max);
+      s.textContent = (f * max).toFixed(2);
+      box.append(s, " ");
+    });
+    cap.append(box);
+  }
   const el = kvgptEl;
   const label = (t) => t.replace(/ /g, "·");
   const tok = (i) => i + " " + label(V.tokens[i]);
@@ -115,6 +138,7 @@
     svg.setAttribute("width", 50 + (n - k0) * cw);
     svg.setAttribute("height", TOP + shown.length * ROW_H + 6);
     const max = maxAbs(shown);
+    legend("scores-caption", max);
     for (let k = k0; k < n; k++) el("text", { x: 50 + (k - k0) * cw + 4, y: 14 }, svg, String(k));
     shown.forEach((row, i) => {
       const y = TOP + i * ROW_H, qi = q0 + i;
@@ -123,7 +147,8 @@
         const k = k0 + j;
         const r = el("rect", { class: "score" + (x === null ? " masked" : ""), x: 50 + j * cw, y, width: cw, height: ROW_H,
           fill: x === null ? "#d9d9d9" : diverging(x, max), "data-q": a + qi, "data-k": k, "data-s": x === null ? "-inf" : x }, svg);
-        el("text", { x: 50 + j * cw + 2, y: y + 12, "pointer-events": "none" }, svg, x === null ? "−∞" : x.toFixed(2));
+        el("text", { x: 50 + j * cw + 2, y: y + 12, "pointer-events": "none", fill: x === null ? "#000" : ink(x, max) }, svg,
+          x === null ? "−∞" : x.toFixed(2));
         r.addEventListener("mouseenter", () => say("score of query " + (a + qi) + " on key " + k + ": " + (x === null ? "−∞ (masked)" : x)));
       });
     });
@@ -139,6 +164,7 @@
     svg.setAttribute("width", 40 + 2 * hs * cw + 20);
     svg.setAttribute("height", TOP + (b - p0) * ROW_H + 6);
     const max = Math.max(maxAbs(V.k.slice(p0, b)), maxAbs(V.v.slice(p0, b)));
+    legend("values-caption", max);
     for (let pos = p0; pos < b; pos++) {
       const y = TOP + (pos - p0) * ROW_H;
       el("text", { x: 2, y: y + 12 }, svg, String(pos));
