@@ -59,7 +59,13 @@ fn a_list_of_thread_counts_runs_every_row_at_each() {
     let want = [("pp4", 1), ("tg2", 1), ("pp4", 2), ("tg2", 2)].map(|(t, n)| (t.to_string(), n));
     assert_eq!(seen, want);
     let (md, _) = ok(&kvgpt(&args));
-    assert!(md.contains("| 1 thread |") && md.contains("| 2 threads |"), "{md}");
+    // One report, as llama-bench prints a list: one header naming the counts, one table of every row.
+    assert_eq!(md.matches("kvgpt bench —").count(), 1, "{md}");
+    assert!(md.contains("| threads 1, 2 |"), "{md}");
+    let table: Vec<&str> =
+        md.lines().skip_while(|l| !l.starts_with("| model")).take_while(|l| l.starts_with('|')).collect();
+    let at = |n: &str| table.iter().filter(|l| l.contains(&format!("| CPU | {n} | "))).count();
+    assert_eq!((at("1"), at("2"), table.len()), (2, 2, 6), "{md}");
     // Elsewhere -t takes one count.
     let out = kvgpt(&["generate", "x", "-m", &m, "-t", "1,2"]);
     assert_eq!(out.status.code(), Some(1));

@@ -93,18 +93,26 @@ impl<'a> Report<'a> {
             .collect()
     }
 
-    /// Each thread count's Markdown, a blank line between.
+    /// The Markdown: one header and one table of every row at every thread count (as
+    /// llama-bench prints `-t 1,2`), then each count's comparisons.
     pub fn markdown(&self) -> String {
-        let tables: Vec<String> = self
-            .groups
-            .iter()
-            .map(|(h, rows)| {
-                let reports: Vec<RowReport> =
-                    rows.iter().map(|r| RowReport::of(r, h, self.sampler, self.draft)).collect();
-                markdown(h, rows, &reports)
-            })
-            .collect();
-        tables.join("\n")
+        let threads: Vec<String> = self.groups.iter().map(|(h, _)| h.threads.to_string()).collect();
+        let said = match &threads[..] {
+            [_] => count(self.groups[0].0.threads, "thread"),
+            all => format!("threads {}", all.join(", ")),
+        };
+        let all: Vec<RowReport> = self.rows();
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = md_header(&mut out, &self.groups[0].0, &said).and_then(|()| md_rows(&mut out, &all));
+        for (h, rows) in &self.groups {
+            let reports: Vec<RowReport> = rows.iter().map(|r| RowReport::of(r, h, self.sampler, self.draft)).collect();
+            if self.groups.len() > 1 {
+                out.push_str(&format!("\nAt {}:\n", count(h.threads, "thread")));
+            }
+            let _ = md_comparisons(&mut out, h, rows, &reports);
+        }
+        out
     }
 }
 
@@ -235,20 +243,17 @@ impl<'a> RowReport<'a> {
 
 /// One thread count's run as Markdown: what it was, the table of every row, then the tables
 /// that compare rows and the time to the first token.
-fn markdown(h: &Header, rows: &[Row], reports: &[RowReport]) -> String {
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = md_header(&mut out, h)
-        .and_then(|()| md_rows(&mut out, reports))
-        .and_then(|()| md_uncached(&mut out, rows))
-        .and_then(|()| md_sampled(&mut out, rows, reports))
-        .and_then(|()| md_drafted(&mut out, rows, reports))
-        .and_then(|()| md_batched(&mut out, rows))
-        .and_then(|()| md_first_token(&mut out, h, rows));
-    out
+/// The tables that compare one thread count's rows, and its time to the first token.
+fn md_comparisons(out: &mut String, h: &Header, rows: &[Row], reports: &[RowReport]) -> Result {
+    md_uncached(out, rows)
+        .and_then(|()| md_sampled(out, rows, reports))
+        .and_then(|()| md_drafted(out, rows, reports))
+        .and_then(|()| md_batched(out, rows))
+        .and_then(|()| md_first_token(out, h, rows))
 }
 
-fn md_header(out: &mut String, h: &Header) -> Result {
+/// What the run was; `threads` as said ("2 threads", or the list of `-t`).
+fn md_header(out: &mut String, h: &Header, threads: &str) -> Result {
     let load_ms = h.load_ms;
     writeln!(
         out,
@@ -258,7 +263,7 @@ fn md_header(out: &mut String, h: &Header) -> Result {
         h.n_embd,
         count(h.n_head, "head"),
         h.dtype,
-        count(h.threads, "thread"),
+        threads,
         h.isa,
         h.cpu_features.join(" "),
         h.git,
