@@ -43,6 +43,10 @@ pub struct AttentionArgs {
     /// no limit).
     #[arg(long, value_name = "COLUMNS", value_parser = clap::value_parser!(u32).range(20..))]
     pub width: Option<u32>,
+    /// With no --layer or --head, print every heatmap even when there are more than 12 (else a
+    /// summary of every head, and how to pick one).
+    #[arg(long)]
+    pub all: bool,
     /// Colour the heatmap's cells on the scale the pictures use (white is 0, dark blue is 1).
     #[arg(long, value_enum, default_value_t = ColorWhen::Auto, value_name = "WHEN")]
     pub color: ColorWhen,
@@ -94,7 +98,12 @@ pub(super) fn attention(c: &Common, a: &AttentionArgs) -> Result<()> {
         print_json(&view.json())?;
     } else if a.svg.is_none() && a.html.is_none() {
         // With a picture asked for, the picture is the answer: the terminal gets its path only.
-        print_text(&view, a)?;
+        let unpicked = a.sel.layer.is_none() && a.sel.head.is_none() && a.query.is_none();
+        if unpicked && !a.all && view.layers.len() * view.heads.len() > SUMMARY_PAST {
+            out!("{}", view.summary(width_to_fit(a)));
+        } else {
+            print_text(&view, a)?;
+        }
     }
     if c.export.is_none() {
         return Ok(());
@@ -131,3 +140,6 @@ fn print_text(view: &AttentionView, a: &AttentionArgs) -> Result<()> {
     out!("{}", view.text(shown, colors, width, &why));
     Ok(())
 }
+
+/// Heatmaps past which, with no --layer or --head, the terminal gets the summary instead.
+const SUMMARY_PAST: usize = 12;

@@ -267,6 +267,41 @@ impl AttentionView {
         out
     }
 
+    /// Every selected head at a glance (bertviz's habit: one view of all heads), for a terminal
+    /// that every heatmap would flood: for each head and layer, the key the last position
+    /// weighs most, and that weight; then how to pick one.
+    pub fn summary(&self, width: Option<usize>) -> String {
+        let q = self.s - 1;
+        let n = self.layers.len() * self.heads.len();
+        let mut out = term::wrap(
+            &format!(
+                "{}. All {n} heads at a glance: where the last position, {} (position {q}), puts most of its \
+                 weight — the key's position and its weight.",
+                self.title,
+                format!("“{}”", self.labels[q].replace(' ', "·"))
+            ),
+            width,
+        );
+        out += "\n\n        ";
+        for &l in &self.layers {
+            out += &format!("{:>9}", format!("layer {l}"));
+        }
+        for (hi, &h) in self.heads.iter().enumerate() {
+            out += &format!("\nhead {h:<3}");
+            for li in 0..self.layers.len() {
+                let row = &self.matrix(li, hi)[q * self.s..(q + 1) * self.s];
+                let (k, w) = row.iter().enumerate().fold((0, f32::MIN), |b, (k, &w)| if w > b.1 { (k, w) } else { b });
+                out += &format!("{:>9}", format!("{k} {w:.2}"));
+            }
+        }
+        let lines = n * (self.keys() + 3);
+        let pick = format!(
+            "Pick one to see its heatmap: --layer L --head H (--layer L alone for a layer's heads); --all shows \
+             every heatmap (about {lines} lines here); --html FILE opens them all in a viewer."
+        );
+        out + "\n\n" + &term::wrap(&pick, width) + "\n"
+    }
+
     /// `--export`: `attention` as `[layers, heads, S, S]`.
     pub fn tensor(&self) -> (Vec<usize>, Vec<f32>) {
         let n = self.s;
