@@ -416,38 +416,3 @@ fn long_prompts_keep_every_label_in_the_svg_and_the_page_fetches_nothing() {
     let addresses: Vec<&str> = page.match_indices("http").map(|(i, _)| &page[i..(i + 26).min(page.len())]).collect();
     assert!(addresses.iter().all(|a| a.starts_with("http://www.w3.org/2000/svg")), "{addresses:?}");
 }
-
-/// With more heads than the terminal can show (3 layers × 6 heads here) and no --layer or
-/// --head, the terminal gets every head at a glance: for each, the key the last position weighs
-/// most and that weight — each the arg-max of the last row of that head's weights in --json —
-/// and how to pick one; --all prints every heatmap.
-#[test]
-fn many_heads_get_a_summary_and_how_to_pick_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let shape = random_model::Shape { n_embd: 96, n_layer: 3, n_head: 6, n_positions: 64, seed: 3, endless: false };
-    random_model::write(dir.path(), shape);
-    let m = dir.path().to_string_lossy().into_owned();
-    let text = stdout(&["inspect", "attention", "The cat sat on the mat", "--model", &m, "--width", "100"]);
-    assert!(text.contains("All 18 heads at a glance") && text.contains("--layer L --head H"), "{text}");
-    let j: Value =
-        serde_json::from_str(&stdout(&["inspect", "attention", "The cat sat on the mat", "--model", &m, "--json"]))
-            .unwrap();
-    let s = j["ids"].as_array().unwrap().len();
-    for h in 0..6 {
-        let row = text.lines().find(|l| l.starts_with(&format!("head {h} "))).unwrap_or_else(|| panic!("{text}"));
-        let cells: Vec<&str> = row.split_whitespace().skip(2).collect();
-        for l in 0..3 {
-            let w = &j["attention"][l][h][s - 1]; // [layer][head][query][key]
-            let w: Vec<f64> =
-                w.as_array().unwrap_or_else(|| panic!("{j}")).iter().map(|x| x.as_f64().unwrap()).collect();
-            let (k, top) = w.iter().enumerate().fold((0, f64::MIN), |b, (k, &x)| if x > b.1 { (k, x) } else { b });
-            assert_eq!(
-                (cells[2 * l], cells[2 * l + 1]),
-                (k.to_string().as_str(), format!("{top:.2}").as_str()),
-                "{row}"
-            );
-        }
-    }
-    let all = stdout(&["inspect", "attention", "The cat sat on the mat", "--model", &m, "--all", "--width", "100"]);
-    assert!(!all.contains("at a glance") && all.lines().count() > 10 * text.lines().count(), "{all}");
-}

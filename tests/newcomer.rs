@@ -1,6 +1,8 @@
-//! What a newcomer tripped on (issue #37), each a request a new user sends to `kvgpt serve` on the
-//! bundled 128-position model: advice that says what must shrink and by how much, and numbers as
-//! the client sent them.
+//! What a newcomer tripped on (issue #37): requests a new user sends to `kvgpt serve` on the
+//! bundled 128-position model — advice that says what must shrink and by how much, numbers as the
+//! client sent them, a log that says what a stream consumed, a shutdown that does not wait for
+//! requests never finished — and the command line's words and sizes, each against an independent
+//! party (HF's tokenizer and config.json, a real socket, the --json the views are drawn from).
 
 mod common;
 
@@ -260,4 +262,55 @@ fn explain_says_the_bytes_of_a_float() {
     let out = common::views::stdout(&["explain", "The cat sat", "--model", &common::model()]);
     let want = format!("{l} layers × 2 × {h}·{t}·{hs} floats × 4 bytes = {} bytes in use", l * 2 * h * t * hs * 4);
     assert!(out.contains(&want), "{want:?} in {out}");
+}
+
+/// More heads than a terminal shows (3 × 6 here), no --layer or --head: each head's top key for
+/// the last position and its weight (--json's arg-max), how to pick one; --all prints them all.
+#[test]
+fn many_heads_get_a_summary_and_how_to_pick_one() {
+    let dir = tempfile::tempdir().unwrap();
+    common::random_model::write(
+        dir.path(),
+        common::random_model::Shape { n_embd: 96, n_layer: 3, n_head: 6, n_positions: 64, seed: 3, endless: false },
+    );
+    let m = dir.path().to_string_lossy().into_owned();
+    let text =
+        common::views::stdout(&["inspect", "attention", "The cat sat on the mat", "--model", &m, "--width", "100"]);
+    assert!(text.contains("All 18 heads at a glance") && text.contains("--layer L --head H"), "{text}");
+    let j: Value = serde_json::from_str(&common::views::stdout(&[
+        "inspect",
+        "attention",
+        "The cat sat on the mat",
+        "--model",
+        &m,
+        "--json",
+    ]))
+    .unwrap();
+    let s = j["ids"].as_array().unwrap().len();
+    for h in 0..6 {
+        let row = text.lines().find(|l| l.starts_with(&format!("head {h} "))).unwrap_or_else(|| panic!("{text}"));
+        let cells: Vec<&str> = row.split_whitespace().skip(2).collect();
+        for l in 0..3 {
+            let w = &j["attention"][l][h][s - 1]; // [layer][head][query][key]
+            let w: Vec<f64> =
+                w.as_array().unwrap_or_else(|| panic!("{j}")).iter().map(|x| x.as_f64().unwrap()).collect();
+            let (k, top) = w.iter().enumerate().fold((0, f64::MIN), |b, (k, &x)| if x > b.1 { (k, x) } else { b });
+            assert_eq!(
+                (cells[2 * l], cells[2 * l + 1]),
+                (k.to_string().as_str(), format!("{top:.2}").as_str()),
+                "{row}"
+            );
+        }
+    }
+    let all = common::views::stdout(&[
+        "inspect",
+        "attention",
+        "The cat sat on the mat",
+        "--model",
+        &m,
+        "--all",
+        "--width",
+        "100",
+    ]);
+    assert!(!all.contains("at a glance") && all.lines().count() > 10 * text.lines().count(), "{all}");
 }

@@ -273,12 +273,12 @@ impl AttentionView {
     pub fn summary(&self, width: Option<usize>) -> String {
         let q = self.s - 1;
         let n = self.layers.len() * self.heads.len();
+        let last = self.labels[q].replace(' ', "·");
         let mut out = term::wrap(
             &format!(
-                "{}. All {n} heads at a glance: where the last position, {} (position {q}), puts most of its \
+                "{}. All {n} heads at a glance: where the last position, “{last}” (position {q}), puts most of its \
                  weight — the key's position and its weight.",
-                self.title,
-                format!("“{}”", self.labels[q].replace(' ', "·"))
+                self.title
             ),
             width,
         );
