@@ -65,15 +65,14 @@ class Model:
 
 
 def _body(kw: Dict[str, Any], stop: Optional[Union[str, List[str]]], stream: bool) -> Dict[str, Any]:
-    """llama-cpp-python's keywords as an OpenAI request body, with kvgpt's Python defaults: greedy
-    unless a temperature, top_k or top_p is given (then temperature 1 unless given), seed 0
-    (`repeat_penalty` is HF's repetition penalty). Any other field the server takes may be given
-    too (`logprobs`, `echo`, `n`, `ignore_eos`, `stream_options`, ...)."""
+    """llama-cpp-python's keywords as an OpenAI request body, with the server's defaults (OpenAI's:
+    temperature 1 unless given; `temperature=0` is greedy) and one of Python's own: seed 0, so a
+    call answers the same every time (`repeat_penalty` is HF's repetition penalty). Any other
+    field the server takes may be given too (`logprobs`, `echo`, `n`, `ignore_eos`,
+    `stream_options`, ...)."""
     body = {k: v for k, v in kw.items() if v is not None}
     if "repeat_penalty" in body:
         body["repetition_penalty"] = body.pop("repeat_penalty")
-    if "temperature" not in body:
-        body["temperature"] = 1.0 if ("top_k" in body or "top_p" in body) else 0.0
     body.setdefault("seed", 0)
     if stop is not None:
         body["stop"] = stop

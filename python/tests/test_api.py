@@ -91,17 +91,17 @@ def test_own_files_and_numbers_follow_the_clis_rules(model, tmp_path):
 def test_openai_shaped_answers(model, reference):
     doc, _ = reference
     p = doc["prompts"][0]
-    out = model.create_completion(p["text"], max_tokens=10)
+    out = model.create_completion(p["text"], max_tokens=10, temperature=0)
     assert out["object"] == "text_completion" and out["choices"][0]["finish_reason"] == "length"
     assert out["choices"][0]["text"] == model.detokenize(p["greedy"]["ids"][:10])
     counts = {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
     assert counts == {"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14}
-    chunks = list(model.create_completion(p["text"], max_tokens=10, stream=True))
+    chunks = list(model.create_completion(p["text"], max_tokens=10, temperature=0, stream=True))
     assert "".join(c["choices"][0]["text"] for c in chunks) == out["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert kvgpt.chat_template(msgs) == "Be brief.\n\nUser: Hi\nAssistant:"
-    chat = model.create_chat_completion(msgs, max_tokens=6)
+    chat = model.create_chat_completion(msgs, max_tokens=6, temperature=0)
     r = model.generate("Be brief.\n\nUser: Hi\nAssistant:", max_tokens=6, stop=["\nUser:"])
     assert chat["choices"][0]["message"] == {"role": "assistant", "content": r["text"].lstrip()}
     with pytest.raises(ValueError, match="role \"tool\""):

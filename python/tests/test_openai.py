@@ -81,6 +81,8 @@ def test_completions_are_the_servers_field_by_field(server, reference):
          "stop": ["e"]},
         {"prompt": text, "max_tokens": 5, "temperature": 0, "seed": 0, "echo": True, "ignore_eos": True},
     ]
+    # One default for both: without a temperature, the server's (OpenAI's 1), the same seed.
+    asks.append({"prompt": text, "max_tokens": 8, "seed": 3})
     for body in asks:
         status, raw = post(server, "/v1/completions", body)
         assert status == 200, raw
@@ -88,7 +90,7 @@ def test_completions_are_the_servers_field_by_field(server, reference):
         kw = {k: v for k, v in body.items() if k != "prompt"}
         same(over_http, model.create_completion(body["prompt"], **kw))
     # Greedy is Hugging Face's greedy continuation.
-    first = model.create_completion(text, max_tokens=10)
+    first = model.create_completion(text, max_tokens=10, temperature=0)
     assert first["choices"][0]["text"] == model.detokenize(doc["prompts"][0]["greedy"]["ids"][:10])
 
 
@@ -134,7 +136,7 @@ def test_completions_from_threads_are_batched_and_each_is_greedy(model, referenc
     answers = [None] * 6
 
     def ask(i):
-        answers[i] = model.create_completion(p["text"], max_tokens=10)["choices"][0]["text"]
+        answers[i] = model.create_completion(p["text"], max_tokens=10, temperature=0)["choices"][0]["text"]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
     start = time.time()
