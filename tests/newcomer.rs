@@ -314,3 +314,29 @@ fn many_heads_get_a_summary_and_how_to_pick_one() {
     ]);
     assert!(!all.contains("at a glance") && all.lines().count() > 10 * text.lines().count(), "{all}");
 }
+
+/// `inspect cache --color` (as `inspect attention` takes it) paints each query weight of the grid
+/// on the pictures' scale: a larger weight a darker blue; `--color never` paints nothing.
+#[test]
+fn inspect_cache_takes_color_as_attention_does() {
+    let run = |when: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+            .args(["inspect", "cache", "The cat sat on the mat", "--model", &common::model(), "--color", when])
+            .env("COLORTERM", "truecolor")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = run("always");
+    let mut cells: Vec<(f64, f64)> = vec![];
+    for line in text.lines().filter(|l| l.contains('↻')) {
+        for (rgb, t) in common::views::coloured_cells(line) {
+            cells.push((t.parse().unwrap(), common::views::luma(rgb)));
+        }
+    }
+    assert!(cells.len() >= 4 * 6, "{text}");
+    cells.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert!(cells.windows(2).all(|w| w[1].1 <= w[0].1 + 1e-9), "darker as the weight grows: {cells:?}");
+    assert!(!run("never").contains('\x1b'));
+}

@@ -22,6 +22,19 @@ pub enum ColorWhen {
     Never,
 }
 
+impl ColorWhen {
+    /// The colours to paint with, if any: always, never, or on a terminal without NO_COLOR.
+    pub fn colors(self) -> Option<Colors> {
+        match self {
+            ColorWhen::Always => Some(Colors::detect()),
+            ColorWhen::Never => None,
+            ColorWhen::Auto => (std::io::stdout().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
+            .then(Colors::detect),
+        }
+    }
+}
+
 /// What `inspect attention` shows and where.
 #[derive(Args, Clone)]
 pub struct AttentionArgs {
@@ -130,14 +143,7 @@ fn print_text(view: &AttentionView, a: &AttentionArgs) -> Result<()> {
         (None, Some(w)) => format!("to fit --width {w}"),
         (None, None) => "to fit the terminal's width".to_string(),
     };
-    let colors = match a.color {
-        ColorWhen::Always => Some(Colors::detect()),
-        ColorWhen::Never => None,
-        ColorWhen::Auto => (std::io::stdout().is_terminal()
-            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()))
-        .then(Colors::detect),
-    };
-    out!("{}", view.text(shown, colors, width, &why));
+    out!("{}", view.text(shown, a.color.colors(), width, &why));
     Ok(())
 }
 

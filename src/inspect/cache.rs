@@ -2,6 +2,7 @@
 //! each step wrote and read, its work against the same step without the cache, the scores
 //! before the softmax and the K/V values of a chosen head; as text, JSON, SVG and an HTML viewer.
 
+use super::attention::ColorWhen;
 use super::session::{do_export, selected, write_text, Common, Session};
 use crate::common::print_json;
 use crate::kv_disk::KvDiskArgs;
@@ -51,6 +52,10 @@ pub struct CacheArgs {
     /// computed. Read only: nothing is written.
     #[arg(long, value_name = "DIR")]
     pub kv_disk: Option<PathBuf>,
+    /// Colour each query weight in the terminal's grid on the scale the pictures use (white is
+    /// 0, dark blue is 1), as `inspect attention` does.
+    #[arg(long, value_enum, default_value_t = ColorWhen::Auto, value_name = "WHEN")]
+    pub color: ColorWhen,
 }
 
 pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
@@ -90,7 +95,7 @@ pub(super) fn cache(c: &Common, a: &CacheArgs) -> Result<()> {
     if c.io.json {
         print_json(&serde_json::to_value(&view)?)?;
     } else if a.svg.is_none() && a.html.is_none() {
-        out!("{}", steps_text(&view, a.step, a.dims));
+        out!("{}", steps_text(&view, a.step, a.dims, a.color.colors()));
     }
     let KvTensors { shape, k, v } = kv;
     do_export(

@@ -4,6 +4,7 @@
 
 use super::axis_label;
 use super::cache::{CacheView, StepView};
+use super::term::Colors;
 use std::fmt::{Result, Write as _};
 
 /// Positions of the cache grid and keys of the scores shown at most (the latest ones).
@@ -78,7 +79,7 @@ fn work_table(out: &mut String, st: &StepView) -> Result {
     Ok(())
 }
 
-fn grid(out: &mut String, v: &CacheView, st: &StepView) -> Result {
+fn grid(out: &mut String, v: &CacheView, st: &StepView, colors: Option<Colors>) -> Result {
     let [a, b] = st.written;
     writeln!(
         out,
@@ -94,7 +95,11 @@ fn grid(out: &mut String, v: &CacheView, st: &StepView) -> Result {
     }
     for pos in from..b {
         let mark = if pos >= a { "■ ■" } else { "□ □" };
-        let w: String = (0..v.n_head).map(|h| format!("{:>7.4}", st.weights[v.layer][h][pos])).collect();
+        let cell = |w: f32| {
+            let text = format!("{w:>7.4}");
+            colors.map_or_else(|| text.clone(), |c| c.paint(w, &text))
+        };
+        let w: String = (0..v.n_head).map(|h| cell(st.weights[v.layer][h][pos])).collect();
         let tok: String = axis_label(&v.tokens[pos]).chars().take(13).collect();
         writeln!(out, "  {pos:>5}  {tok:<14}{mark:<5}{w}   ↻")?;
     }
@@ -137,13 +142,13 @@ fn values(out: &mut String, v: &CacheView, st: &StepView, dims: usize) -> Result
 }
 
 /// The steps as text (`only`: that step alone), each row's K and V cut to `dims` numbers.
-pub fn steps_text(v: &CacheView, only: Option<usize>, dims: usize) -> String {
+pub fn steps_text(v: &CacheView, only: Option<usize>, dims: usize, colors: Option<Colors>) -> String {
     let mut out = String::new();
-    let _ = write_steps(&mut out, v, only, dims); // writing into a String cannot fail
+    let _ = write_steps(&mut out, v, only, dims, colors); // writing into a String cannot fail
     out
 }
 
-fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize) -> Result {
+fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize, colors: Option<Colors>) -> Result {
     writeln!(
         out,
         "KV cache of {} ({} weights): {} layers × (K, V), each [{} heads, positions, {}] {}, {} per position.",
@@ -180,6 +185,9 @@ fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize
         })
         .collect();
     writeln!(out, "Block table (logical → the pool's block, taken by): {}", table.join(", "))?;
+    if colors.is_some() {
+        writeln!(out, "The grids' weights: {}", super::term::legend(colors))?;
+    }
     for st in v.steps.iter().filter(|st| only.is_none_or(|o| o == st.step)) {
         writeln!(out, "\n{}", summary(v, st))?;
         let b = st.written[1];
@@ -193,7 +201,7 @@ fn write_steps(out: &mut String, v: &CacheView, only: Option<usize>, dims: usize
             )?,
         }
         work_table(out, st)?;
-        grid(out, v, st)?;
+        grid(out, v, st, colors)?;
         scores(out, v, st)?;
         values(out, v, st, dims)?;
     }

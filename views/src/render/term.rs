@@ -74,7 +74,7 @@ impl Colors {
     }
 
     /// Weight `w` as `text` over its colour, in black or white, whichever reads.
-    fn paint(self, w: f32, text: &str) -> String {
+    pub fn paint(self, w: f32, text: &str) -> String {
         let (bg, rgb) = self.background(w);
         let fg = if dark(rgb) { "\x1b[97m" } else { "\x1b[30m" };
         format!("{bg}{fg}{text}{RESET}")
