@@ -75,6 +75,11 @@ fn a_restarted_server_serves_the_prefix_from_disk_token_exact_with_hfs_answer() 
     let again = json!({"ram": 87, "disk": 0, "redis": 0, "verified": 0});
     assert_eq!(ask_tiers(&s, &p).2, again, "then from RAM");
     assert_eq!(s.metric("kvgpt_kv_store_hit_blocks_total"), 6.0);
+    // Four choices of one prompt on another restarted server: its blocks are read once.
+    let s = Server::start(&["--kv-disk", dir.path().to_str().unwrap()]);
+    let n4 = s.complete(&json!({"prompt": p.ids, "max_tokens": 4, "n": 4, "temperature": 0}));
+    assert_eq!(n4["usage"]["prompt_tokens_details"]["cached_tokens"], 87, "{n4}");
+    assert_eq!(s.metric("kvgpt_kv_store_hit_blocks_total"), 6.0, "read once, not once per choice");
     assert_eq!(s.metric("kvgpt_kv_store_refused_blocks_total"), 0.0);
 }
 

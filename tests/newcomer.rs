@@ -224,6 +224,12 @@ fn an_unknown_field_names_the_closest_one() {
     assert!(m.contains("did you mean `max_completion_tokens`?"), "{m}");
     let (_, m) = refused(&s, "/v1/completions", &json!({"prompt": "x", "qqqq": 1}));
     assert!(!m.contains("did you mean") && m.contains("this endpoint takes"), "{m}");
+    // A key of 100 000 characters is named by its first 64, and compared with nothing.
+    let mut body = serde_json::Map::new();
+    body.insert("prompt".into(), json!("x"));
+    body.insert("k".repeat(100_000), json!(1));
+    let (param, m) = refused(&s, "/v1/completions", &Value::Object(body));
+    assert!(param == format!("{}…", "k".repeat(64)) && m.len() < 2000 && !m.contains("did you mean"), "{param}");
     // A router's field is still taken.
     let ok = s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 1, "no_stop_trim": false}));
     assert_eq!(ok.0, 200);

@@ -56,6 +56,10 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     let (method, path) = (req.method().to_string(), req.uri().path().to_string());
     let tally = Arc::new(Tally::default());
     req.extensions_mut().insert(tally.clone());
+    // Until a response is made, the line says the client closed the request (nginx's 499): what
+    // it says if the client goes away before one (the handler dropped with this future).
+    let head = |status| Some(LineHead { method: method.clone(), path: path.clone(), status, started });
+    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = head(CLOSED);
     let work = Work::of(&app, &endpoint);
     let resp = match refusal(&app, &req) {
         Some(e) => {
@@ -71,7 +75,7 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     };
     let status = resp.status().as_u16();
     app.metrics.request(&endpoint, status);
-    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = Some(LineHead { method, path, status, started });
+    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = head(status);
     let line = LogLine { _tally: tally, _work: work };
     resp.map(|body| Body::new(Logged { body, line: Some(line) }))
 }
@@ -130,6 +134,9 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The status a log line gives a request whose client went away before its response (nginx's).
+const CLOSED: u16 = 499;
+
 /// What the log line says of the request itself.
 struct LineHead {
     method: String,
@@ -179,7 +186,11 @@ impl Drop for Tally {
             queue_ms = ms(Duration::from_micros(get(&t.queue_us))),
             total_ms = ms(head.started.elapsed()),
             "{}",
-            if t.left.load(Ordering::Relaxed) { "request (the client left before the end)" } else { "request" }
+            if t.left.load(Ordering::Relaxed) || head.status == CLOSED {
+                "request (the client left before the end)"
+            } else {
+                "request"
+            }
         );
     }
 }

@@ -81,14 +81,19 @@ fn int(m: &Map<String, Value>, key: &str, lo: i64, hi: i64) -> ApiResult<Option<
     Ok(Some(n))
 }
 
-/// A number (its range is the sampler's to check), as the sampler holds it: a value too small
-/// for an f32 but not zero is the f32 nearest it that keeps it from zero (`top_p` 1e-300 is a
-/// share, above 0, not a 0 the range refuses).
+/// A number (its range is the sampler's to check), as an f32.
 fn num(m: &Map<String, Value>, key: &str) -> ApiResult<Option<f32>> {
     let Some(v) = field(m, key) else { return Ok(None) };
     let x = v.as_f64().ok_or_else(|| ApiError::bad(key, format!("`{key}` must be a number, got {}", kind(v))))?;
-    let held = x as f32;
-    Ok(Some(if held == 0.0 && x != 0.0 { f32::MIN_POSITIVE.copysign(held) } else { held }))
+    Ok(Some(x as f32))
+}
+
+/// A share in (0, 1] (`top_p`), as the sampler holds it: a positive value too small for an f32
+/// is the smallest positive f32, not a 0 the range refuses (`top_p` 1e-300 keeps the top token).
+fn share(m: &Map<String, Value>, key: &str) -> ApiResult<Option<f32>> {
+    let held = num(m, key)?;
+    let sent = field(m, key).and_then(Value::as_f64).unwrap_or(0.0);
+    Ok(held.map(|p| if p == 0.0 && sent > 0.0 { f32::from_bits(1) } else { p }))
 }
 
 /// A seed from the process's random hasher keys (std's per-instance random state), below 2^53:
@@ -147,9 +152,15 @@ fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
     if let Some(k) = m.keys().find(|k| !known(k)) {
         let mut own: Vec<&str> = COMMON_FIELDS.iter().chain(extra).copied().collect();
         own.sort_unstable();
-        let closest = own.iter().map(|f| (edits(k, f), *f)).min().filter(|&(d, f)| d <= f.len().max(k.len()) / 3);
+        // A field can only be suggested within a third of its length: longer keys are not compared
+        // (the distance costs both lengths multiplied; a key may be a megabyte long).
+        let near = own.iter().filter(|f| f.len().abs_diff(k.len()) <= f.len().max(k.len()) / 3 && k.len() <= 64);
+        let closest = near.map(|f| (edits(k, f), *f)).min().filter(|&(d, f)| d <= f.len().max(k.len()) / 3);
         let guess = closest.map_or(String::new(), |(_, f)| format!("did you mean `{f}`? "));
-        return Err(ApiError::bad(k, format!("unknown field `{k}`; {guess}this endpoint takes {}", own.join(", "))));
+        let shown: String =
+            if k.chars().count() > 64 { k.chars().take(64).chain(['…']).collect() } else { k.clone() };
+        let all = own.join(", ");
+        return Err(ApiError::bad(&shown, format!("unknown field `{shown}`; {guess}this endpoint takes {all}")));
     }
     Ok(())
 }
@@ -158,7 +169,7 @@ fn known_fields(m: &Map<String, Value>, extra: &[&str]) -> ApiResult<()> {
 fn sampling(m: &Map<String, Value>) -> ApiResult<Sampling> {
     let s = Sampling {
         temperature: num(m, "temperature")?.unwrap_or(1.0),
-        top_p: num(m, "top_p")?.filter(|&p| p != 1.0),
+        top_p: share(m, "top_p")?.filter(|&p| p != 1.0),
         // vLLM's convention: -1 (or 0) means no top-k.
         top_k: int(m, "top_k", -1, i64::from(u32::MAX))?.filter(|&k| k > 0).map(|k| k as usize),
         // No seed: one drawn for this request (reported in the response, so it can be repeated).

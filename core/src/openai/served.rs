@@ -164,17 +164,20 @@ fn context(params: &Params, ep: Endpoint, len: usize, n_positions: usize) -> Api
              or fewer (a completion needs room for one token)"
         );
         (prompt, m)
-    } else if params.max_tokens.is_some() {
-        let m = format!(
-            "{head}, but {len} prompt tokens + {max_tokens} completion tokens were asked for: lower `{limit}` to at \
-             most {room}, or shorten `{prompt}` by {over} tokens"
-        );
-        (limit, m)
     } else {
-        let m = format!(
-            "{head}: the {len}-token prompt leaves room for {room} completion tokens, fewer than the default \
-             {max_tokens}: give `{limit}` of at most {room}, or shorten `{prompt}` by {over} tokens"
-        );
+        // Shortening the prompt is advice only where it could be enough.
+        let or = if over < len { format!(", or shorten `{prompt}` by {over} tokens") } else { String::new() };
+        let m = if params.max_tokens.is_some() {
+            format!(
+                "{head}, but {len} prompt tokens + {max_tokens} completion tokens were asked for: lower `{limit}` \
+                 to at most {room}{or}"
+            )
+        } else {
+            format!(
+                "{head}: the {len}-token prompt leaves room for {room} completion tokens, fewer than the default \
+                 {max_tokens}: give `{limit}` of at most {room}{or}"
+            )
+        };
         (limit, m)
     };
     Err(ApiError::bad(param, message).with_code("context_length_exceeded"))

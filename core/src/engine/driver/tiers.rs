@@ -39,11 +39,21 @@ impl Engine {
             }
         }
         let free = self.cfg.parallel.saturating_sub(self.slots.len());
+        // A prompt being read is read once: the same prompt again (the choices of an n > 1
+        // request) waits for that answer, then finds it in the prompt cache.
+        let mut reading: Vec<Vec<u32>> =
+            self.waiting.iter().filter(|w| w.tiers == TierLoad::Loading).map(|w| w.req.prompt.clone()).collect();
         for w in self.waiting.iter_mut().take(free).filter(|w| w.tiers == TierLoad::Unasked) {
+            if reading.contains(&w.req.prompt) {
+                continue;
+            }
             let (ids, max) = (&w.req.prompt, w.req.prompt.len().saturating_sub(1));
             let ram = self.cache.peek(ids);
             let asked = ram < max && store.fetch(w.id, ids, ram, max);
             w.tiers = if asked { TierLoad::Loading } else { TierLoad::Loaded(None) };
+            if asked {
+                reading.push(w.req.prompt.clone());
+            }
         }
     }
 
@@ -63,7 +73,7 @@ impl Engine {
     fn place(&mut self, start: usize, ids: &[u32], loaded: Vec<(usize, Entry)>) -> Option<(usize, TierReuse)> {
         let store = self.cfg.store.clone().expect("a store");
         let (ram, max) = (self.cache.peek(ids), ids.len().saturating_sub(1));
-        if start + loaded.iter().map(|(_, e)| e.tokens.len()).sum::<usize>().min(max) <= ram {
+        if (start + loaded.iter().map(|(_, e)| e.tokens.len()).sum::<usize>()).min(max) <= ram {
             return None;
         }
         // Room for the loaded blocks (a run proved first is recomputed in blocks given back before
