@@ -58,8 +58,7 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     req.extensions_mut().insert(tally.clone());
     // Until a response is made, the line says the client closed the request (nginx's 499): what
     // it says if the client goes away before one (the handler dropped with this future).
-    let head = |status| Some(LineHead { method: method.clone(), path: path.clone(), status, started });
-    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = head(CLOSED);
+    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = Some(LineHead { method, path, status: CLOSED, started });
     let work = Work::of(&app, &endpoint);
     let resp = match refusal(&app, &req) {
         Some(e) => {
@@ -75,7 +74,9 @@ pub async fn front(State(app): State<Shared>, mut req: HttpRequest, next: Next) 
     };
     let status = resp.status().as_u16();
     app.metrics.request(&endpoint, status);
-    *tally.line.lock().unwrap_or_else(|p| p.into_inner()) = head(status);
+    if let Some(head) = tally.line.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        head.status = status;
+    }
     let line = LogLine { _tally: tally, _work: work };
     resp.map(|body| Body::new(Logged { body, line: Some(line) }))
 }

@@ -176,7 +176,7 @@ impl Tiers {
         out
     }
 
-    /// Reads the blocks [`Store::find`] found, in order (each tier's in one request), checking
+    /// Reads the blocks [`Tiers::find`] found, in order (each tier's in one request), checking
     /// each; a block refused (its header, length, checksum or key) is counted, removed, and ends
     /// the run, as does one its tier no longer gives.
     pub(super) fn load(&self, found: &[(usize, BlockKey, usize)]) -> Vec<(usize, Entry)> {

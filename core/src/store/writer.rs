@@ -195,7 +195,7 @@ impl Store {
         if !from.is_multiple_of(self.tiers.keying.block) {
             return 0;
         }
-        for (_, e) in self.load(&self.find(ids, from, max)) {
+        for (_, e) in self.tiers.load(&self.tiers.find(ids, from, max)) {
             if cache.append_held(e.rows(), e.tokens.len()).is_err() {
                 break;
             }
@@ -265,19 +265,9 @@ impl Store {
         self.tiers.max_inflight.store(blocks.max(1), Ordering::Relaxed);
     }
 
-    /// [`Tiers::find`]: the stored blocks that continue `ids` from `start` up to `max`.
-    pub fn find(&self, ids: &[u32], start: usize, max: usize) -> Vec<(usize, BlockKey, usize)> {
-        self.tiers.find(ids, start, max)
-    }
-
-    /// [`Tiers::load`]: the blocks `find` found, read and checked.
-    pub fn load(&self, found: &[(usize, BlockKey, usize)]) -> Vec<(usize, Entry)> {
-        self.tiers.load(found)
-    }
-
     /// Asks the reading thread for the stored blocks that continue `ids` past the `ram`
     /// positions the prompt cache holds (from its last whole block), up to `max`, for the
-    /// waiting sequence `id`: [`Store::find`], then [`Store::load`] if they go past `ram`. The
+    /// waiting sequence `id`: `Tiers::find`, then `Tiers::load` if they go past `ram`. The
     /// answer comes from [`Store::fetched`]. False when no answer will come (the reader is gone).
     pub fn fetch(&self, id: u64, ids: &[u32], ram: usize, max: usize) -> bool {
         self.reader.ask(id, ids, ram, max)

@@ -39,6 +39,9 @@ impl Engine {
             }
         }
         let free = self.cfg.parallel.saturating_sub(self.slots.len());
+        if !self.waiting.iter().take(free).any(|w| w.tiers == TierLoad::Unasked) {
+            return; // the usual step: nothing new to ask
+        }
         // A prompt being read is read once: the same prompt again (the choices of an n > 1
         // request) waits for that answer, then finds it in the prompt cache.
         let mut reading: Vec<Vec<u32>> =

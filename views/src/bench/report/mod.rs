@@ -180,31 +180,8 @@ impl<'a> RowReport<'a> {
             Test::Decode { prompt, gen, cached, .. } => (prompt, gen, if cached { "cached" } else { "uncached" }, 1),
             Test::Batched { prompt, gen, batch } => (prompt, gen, "batched", batch),
         };
-        // A row's tokens as llama-bench times a test: the prompt, or the generated tokens.
-        let timed = if gen > 0 { gen * batch } else { prompt };
-        let [(avg_ns, stddev_ns), (avg_ts, stddev_ts)] = llama_keys::timing(timed, &r.tok_s);
-        let (samples_ns, samples_ts) = llama_keys::samples(timed, &r.tok_s);
-        let llama = llama_keys::LlamaBenchKeys {
-            build_commit: h.git,
-            backends: "CPU",
-            model_filename: &h.model,
-            model_type: format!("gpt2 {}", h.dtype),
-            model_size: h.weight_bytes,
-            model_n_params: h.parameters,
-            n_threads: h.threads,
-            type_k: h.kv_dtype,
-            type_v: h.kv_dtype,
-            n_prompt: prompt,
-            n_gen: gen,
-            avg_ns,
-            stddev_ns,
-            avg_ts,
-            stddev_ts,
-            samples_ns,
-            samples_ts,
-        };
         RowReport {
-            llama,
+            llama: llama_keys::LlamaBenchKeys::of(h, (prompt, gen, batch), &r.tok_s),
             model: &h.model,
             model_size_bytes: h.weight_bytes,
             model_params: h.parameters,
