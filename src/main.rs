@@ -24,6 +24,7 @@ mod bench;
 mod cache;
 mod chat;
 mod common;
+mod convert;
 mod draft;
 mod errors;
 mod generate;
@@ -74,6 +75,8 @@ enum Cmd {
     /// The prompt cache across requests, offline: `cache diff A B …` says where reuse stops.
     #[command(subcommand)]
     Cache(cache::CacheCmd),
+    /// Write a model as a GGUF file llama.cpp reads: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1.
+    Convert(convert::ConvertArgs),
 }
 
 /// The command line with negative numbers accepted as option values everywhere, so that
@@ -126,7 +129,13 @@ impl Cmd {
             Cmd::Inspect(inspect::InspectCmd::Attention { .. } | inspect::InspectCmd::Cache { .. }) => {
                 Some("--generate")
             }
-            Cmd::Inspect(_) | Cmd::Explain(_) | Cmd::Tokenize(_) | Cmd::Score(_) | Cmd::Info(_) | Cmd::Cache(_) => None,
+            Cmd::Inspect(_)
+            | Cmd::Explain(_)
+            | Cmd::Tokenize(_)
+            | Cmd::Score(_)
+            | Cmd::Info(_)
+            | Cmd::Cache(_)
+            | Cmd::Convert(_) => None,
         }
     }
 }
@@ -150,5 +159,6 @@ fn run(cli: Cli) -> Result<Outcome> {
         }
         Cmd::Serve(a) => serve::run(&a).map(|()| Outcome::Done),
         Cmd::Cache(c) => with_threads(c.model_args(), || cache::run(&c)),
+        Cmd::Convert(a) => convert::run(&a),
     }
 }

@@ -26,10 +26,12 @@ impl ModelFiles {
     /// These files as inputs of a run, each named as `whose` ("the model's", "the draft
     /// model's") config, weights or tokenizer.
     pub fn inputs(&self, whose: &str) -> Inputs {
-        let mut inputs = Inputs::default()
-            .with(&self.config, &format!("{whose} config"))
-            .with(&self.weights, &format!("{whose} weights"));
-        for p in self.tokenizer.paths() {
+        // A GGUF holds its config and tokenizer: it is named once, as the weights.
+        let mut inputs = Inputs::default().with(&self.weights, &format!("{whose} weights"));
+        if self.config != self.weights {
+            inputs = inputs.with(&self.config, &format!("{whose} config"));
+        }
+        for p in self.tokenizer.paths().into_iter().filter(|p| *p != self.weights) {
             inputs = inputs.with(&p, &format!("{whose} tokenizer"));
         }
         inputs

@@ -42,6 +42,7 @@
 
 // Loading: where a model comes from and what it is.
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod files;
 pub mod hub;

@@ -10,6 +10,13 @@ use tokenizers::AddedToken;
 
 pub const ENDOFTEXT: &str = "<|endoftext|>";
 
+/// A vocabulary as a GGUF's tokenizer metadata holds it ([`Tokenizer::gguf_vocab`]).
+pub struct GgufVocab {
+    pub tokens: Vec<String>,
+    pub types: Vec<i32>,
+    pub merges: Vec<String>,
+}
+
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -167,6 +174,29 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> String {
         let bytes: Vec<u8> = ids.iter().flat_map(|&id| self.token_bytes(id).iter().copied()).collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The vocabulary as a GGUF holds it (`tokenizer.ggml.tokens`, `.token_type`, `.merges`): every
+    /// id's piece, its type as llama.cpp's converter assigns it (an added special token 3
+    /// CONTROL, another added token 4 USER_DEFINED, the rest 1 NORMAL) and the merges by rank.
+    pub fn gguf_vocab(&self) -> Result<GgufVocab> {
+        let doc = serde_json::to_value(&self.inner).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let mut types = vec![1i32; self.vocab_size()];
+        for t in doc["added_tokens"].as_array().into_iter().flatten() {
+            if let Some(ty) = t["id"].as_u64().and_then(|id| types.get_mut(id as usize)) {
+                *ty = if t["special"].as_bool() == Some(true) { 3 } else { 4 };
+            }
+        }
+        // Each merge as "a b", whether the JSON holds it so or as a pair.
+        let merge = |m: &serde_json::Value| match m {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Array(p) if p.len() == 2 => Some(format!("{} {}", p[0].as_str()?, p[1].as_str()?)),
+            _ => None,
+        };
+        let merges = doc["model"]["merges"].as_array().into_iter().flatten().map(merge).collect::<Option<Vec<_>>>();
+        let merges = merges.ok_or_else(|| Error::Tokenizer("the BPE model's merges are not pairs of pieces".into()))?;
+        let tokens = (0..self.vocab_size() as u32).map(|id| self.piece(id)).collect();
+        Ok(GgufVocab { tokens, types, merges })
     }
 }
 

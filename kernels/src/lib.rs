@@ -49,8 +49,8 @@ pub use isa::{cpu_features, Isa};
 pub use kv::{kv_load, kv_store, KvType};
 pub use math::{exp_approx, gelu_new_scalar, tanh_approx};
 pub use packed::{
-    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, widen_blocks, PackedMatrix, WeightType, NR,
-    Q8_BLOCK, W8_BLOCK,
+    bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, quantize_blocks, widen_blocks, PackedMatrix,
+    WeightType, NR, Q8_BLOCK, W8_BLOCK,
 };
 pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};
 pub use slab::{Slab, SlabBlock};

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use half::f16;
-use kvgpt_kernels::{matmul_packed, widen_blocks, Isa, PackedMatrix, QuantizedActs, WeightType};
+use kvgpt_kernels::{matmul_packed, quantize_blocks, widen_blocks, Isa, PackedMatrix, QuantizedActs, WeightType};
 
 const TYPES: [(&str, WeightType); 8] = [
     ("Q8_0", WeightType::Q8_0),
@@ -166,6 +166,10 @@ fn quantizing_gives_the_blocks_gguf_py_writes() {
         for c in 0..rows {
             assert_eq!(bits(&m.column(c)), bits(&want[c * k..(c + 1) * k]), "{name}: column {c} quantized");
         }
+        // As a GGUF row (what `kvgpt convert` writes): gguf-py's bytes, byte for byte.
+        let mut out = vec![0u8; raw.len()];
+        quantize_blocks(ty, &w, &mut out).unwrap();
+        assert_eq!(out, raw, "{name}: quantize_blocks against gguf-py's bytes");
     }
 }
 

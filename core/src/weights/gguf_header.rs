@@ -33,22 +33,34 @@ pub(super) enum Kind {
     Blocks(WeightType),
 }
 
+/// ggml's type ids of the types kvgpt reads and writes.
+const IDS: [(u32, Kind); 11] = [
+    (0, Kind::F32),
+    (1, Kind::F16),
+    (2, Kind::Blocks(WeightType::Q4_0)),
+    (3, Kind::Blocks(WeightType::Q4_1)),
+    (6, Kind::Blocks(WeightType::Q5_0)),
+    (7, Kind::Blocks(WeightType::Q5_1)),
+    (8, Kind::Blocks(WeightType::Q8_0)),
+    (12, Kind::Blocks(WeightType::Q4K)),
+    (13, Kind::Blocks(WeightType::Q5K)),
+    (14, Kind::Blocks(WeightType::Q6K)),
+    (30, Kind::Bf16),
+];
+
 impl Kind {
     pub(super) fn of(t: u32) -> Option<Kind> {
-        Some(match t {
-            0 => Kind::F32,
-            1 => Kind::F16,
-            2 => Kind::Blocks(WeightType::Q4_0),
-            3 => Kind::Blocks(WeightType::Q4_1),
-            6 => Kind::Blocks(WeightType::Q5_0),
-            7 => Kind::Blocks(WeightType::Q5_1),
-            8 => Kind::Blocks(WeightType::Q8_0),
-            12 => Kind::Blocks(WeightType::Q4K),
-            13 => Kind::Blocks(WeightType::Q5K),
-            14 => Kind::Blocks(WeightType::Q6K),
-            30 => Kind::Bf16,
-            _ => return None,
-        })
+        IDS.iter().find(|(id, _)| *id == t).map(|(_, k)| *k)
+    }
+
+    /// The kind that stores weights held as `ty` as they are; None for kvgpt's own types.
+    pub(super) fn storing(ty: WeightType) -> Option<Kind> {
+        IDS.iter().map(|(_, k)| *k).find(|k| k.held() == ty)
+    }
+
+    /// ggml's id of this type.
+    pub(super) fn id(self) -> u32 {
+        IDS.iter().find(|(_, k)| *k == self).map(|(id, _)| *id).expect("every kind has an id")
     }
 
     /// Bytes of `n` elements (None unless they are whole blocks).

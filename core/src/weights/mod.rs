@@ -3,6 +3,7 @@
 
 pub mod gguf;
 mod gguf_header;
+pub mod gguf_write;
 pub mod names;
 mod read;
 pub mod safetensors;

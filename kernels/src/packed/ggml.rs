@@ -130,6 +130,65 @@ pub(crate) fn decode(ty: WeightType, b: &[u8], out: &mut [Sub]) -> Result<(), St
     Ok(())
 }
 
+/// Encodes one block of a legacy type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from its sub-block `s`
+/// into `b`, byte for byte as ggml's block structs lay it out: [`decode`]'s inverse. The scale and
+/// minimum are f16 values already (the quantizer rounds them), so nothing is rounded here.
+fn encode(ty: WeightType, s: &Sub, b: &mut [u8]) {
+    let put16 = |b: &mut [u8], at: usize, v: f32| b[at..at + 2].copy_from_slice(&f32_to_f16_bits(v).to_le_bytes());
+    // The unsigned 4- or 5-bit value the block stores for element i.
+    let stored = |i: usize| match ty {
+        WeightType::Q4_0 => (s.q[i] + 8) as u8,
+        WeightType::Q5_0 => (s.q[i] + 16) as u8,
+        _ => s.q[i] as u8,
+    };
+    put16(b, 0, s.scale);
+    let at = match ty {
+        WeightType::Q8_0 => {
+            for (x, &q) in b[2..34].iter_mut().zip(&s.q) {
+                *x = q as u8;
+            }
+            return;
+        }
+        WeightType::Q4_0 | WeightType::Q5_0 => 2,
+        WeightType::Q4_1 | WeightType::Q5_1 => {
+            put16(b, 2, s.min);
+            4
+        }
+        _ => unreachable!("encode: {ty:?} is not a legacy ggml block type"),
+    };
+    let at = if matches!(ty, WeightType::Q5_0 | WeightType::Q5_1) {
+        let qh = (0..32).fold(0u32, |h, i| h | (((stored(i) >> 4) & 1) as u32) << i);
+        b[at..at + 4].copy_from_slice(&qh.to_le_bytes());
+        at + 4
+    } else {
+        at
+    };
+    for j in 0..16 {
+        b[at + j] = (stored(j) & 0xF) | (stored(j + 16) & 0xF) << 4;
+    }
+}
+
+/// Quantizes one GGUF row `x` of a legacy block type (a whole number of blocks of 32) into
+/// `out`, as ggml's reference quantizer (`quantize_row_*_ref`) writes it: the bytes
+/// `llama-quantize --pure` writes for the same f32 weights.
+pub fn quantize_blocks(ty: WeightType, x: &[f32], out: &mut [u8]) -> Result<(), String> {
+    let (elems, bytes) = match ty {
+        WeightType::Q8_0 | WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q5_1 => {
+            ty.ggml_block().expect("a ggml block type")
+        }
+        _ => return Err(format!("{} has no quantizer that writes ggml's blocks as llama.cpp's does", ty.name())),
+    };
+    if !x.len().is_multiple_of(elems) || out.len() != x.len() / elems * bytes {
+        return Err(format!("{} weights into {} bytes of {} blocks", x.len(), out.len(), ty.name()));
+    }
+    let mut sub = [Sub::ZERO];
+    for (blk, b) in x.chunks_exact(elems).zip(out.chunks_exact_mut(bytes)) {
+        quantize(ty, blk, &mut sub);
+        encode(ty, &sub[0], b);
+    }
+    Ok(())
+}
+
 /// The f32 weights of one block, as ggml (and gguf-py) widen them: `scale · q`, plus `min` for
 /// the types that have one.
 pub(crate) fn widen(subs: &[Sub], sub: usize, mins: bool, out: &mut [f32]) {

@@ -22,6 +22,7 @@ mod types;
 
 pub use formats::{bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits};
 pub(crate) use ggml::ggml_q8_0;
+pub use ggml::quantize_blocks;
 pub use ints::widen_blocks;
 pub use layout::{NR, Q8_BLOCK, W8_BLOCK};
 
