@@ -95,13 +95,15 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    // Where `generate --json`'s wall time starts: its timings account for the whole run.
+    let started = std::time::Instant::now();
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
     let flag = cli.cmd.new_tokens_flag();
     let serve = matches!(cli.cmd, Cmd::Serve(_));
-    let result = if serve { run(cli) } else { out::check_open().and_then(|()| run(cli)) };
+    let result = if serve { run(cli, started) } else { out::check_open().and_then(|()| run(cli, started)) };
     // Whatever is still buffered must reach stdout too, or the failure is reported.
     let result = result.and_then(|o| out::flush().map(|()| o));
     match result {
@@ -140,9 +142,9 @@ impl Cmd {
     }
 }
 
-fn run(cli: Cli) -> Result<Outcome> {
+fn run(cli: Cli, started: std::time::Instant) -> Result<Outcome> {
     match cli.cmd {
-        Cmd::Generate(a) => with_threads(&a.model, || generate::run(&a)),
+        Cmd::Generate(a) => with_threads(&a.model, || generate::run(&a, started)),
         Cmd::Tokenize(a) => generate::tokenize(&a),
         Cmd::Chat(a) => with_threads(&a.model, || chat::run(&a)),
         Cmd::Inspect(c) => {

@@ -53,6 +53,10 @@ pub struct Report<'a> {
     pub reused: usize,
     pub drafting: Option<(&'a Drafting, DraftStats)>,
     pub load_ms: f64,
+    /// Loading (or quantizing) the draft model, 0 without one.
+    pub draft_load_ms: f64,
+    /// When the process started: the wall time is counted from there.
+    pub started: std::time::Instant,
 }
 
 /// The sampler settings as `--json` and the stats line report them.
@@ -76,6 +80,10 @@ fn ms(d: std::time::Duration) -> f64 {
 impl Report<'_> {
     pub fn json(&self) -> Result<Value> {
         let (a, g, model, t) = (self.a, self.g, &self.loaded.model, &self.g.timings);
+        // Everything the parts below do not cover: reading the flags and the prompt,
+        // tokenizing it, making its cache, writing the output.
+        let wall_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        let other_ms = wall_ms - self.load_ms - self.draft_load_ms - ms(t.prefill) - ms(t.decode);
         let mut out = json!({
             "model": self.loaded.files.name,
             "prompt": self.prompt,
@@ -93,7 +101,10 @@ impl Report<'_> {
             "kv_disk": a.kv_disk.kv_disk.as_ref().map(|d| json!({"dir": d, "reused_tokens": self.reused})),
             "speculative": self.drafting.map(|(d, s)| d.json(Some(s))),
             "timings": {
+                "wall_ms": wall_ms,
                 "load_ms": self.load_ms,
+                "draft_load_ms": self.draft_load_ms,
+                "other_ms": other_ms,
                 "prefill_ms": ms(t.prefill),
                 "prefill_tokens": t.prefill_tokens,
                 "decode_ms": ms(t.decode),
