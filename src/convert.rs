@@ -5,8 +5,12 @@ use crate::common::Outcome;
 use anyhow::Result;
 use clap::Args;
 use kvgpt_core::convert::{self, TYPES};
-use kvgpt_core::{units, Locate, WeightType};
+use kvgpt_core::units::{self, count};
+use kvgpt_core::{Locate, WeightType};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args)]
@@ -42,13 +46,27 @@ fn parse_type(s: &str) -> std::result::Result<WeightType, String> {
 pub fn run(a: &ConvertArgs) -> Result<Outcome> {
     let files = Locate::from_env(a.offline).resolve(&a.model)?;
     let name = a.name.clone().unwrap_or_else(|| convert::default_name(&files));
+    // Ctrl-C, SIGTERM or a closed terminal stop the run at the next row, which removes what it wrote.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM, SIGHUP] {
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
     let t0 = Instant::now();
-    let done = convert::convert(&files, &a.out, a.ty, &name)?;
-    if let Some(from) = done.requantized {
+    let to = convert::Target { path: &a.out, ty: a.ty, name: &name, stop: &stop };
+    let done = match convert::convert(&files, &to) {
+        Err(e @ kvgpt_core::Error::Stopped(_)) => {
+            errln!("{e}");
+            std::process::exit(130);
+        }
+        done => done?,
+    };
+    if let Some((first, from)) = done.requantized.first() {
         errln!(
-            "note: {} holds {} weights; they are widened and quantized again as {}",
+            "note: {} of {} in another block type ({first} as {}{}) are widened and quantized again as {}",
+            count(done.requantized.len(), "tensor"),
             a.model,
             from.name(),
+            if done.requantized.len() > 1 { ", …" } else { "" },
             a.ty.name()
         );
     }
@@ -57,7 +75,7 @@ pub fn run(a: &ConvertArgs) -> Result<Outcome> {
         "wrote {} ({}, {}: {}) in {:.1} s",
         a.out.display(),
         units::bytes(done.file_bytes as usize),
-        units::count(done.types.iter().map(|t| t.1).sum(), "tensor"),
+        count(done.types.iter().map(|t| t.1).sum(), "tensor"),
         types.join(", "),
         t0.elapsed().as_secs_f64()
     );

@@ -77,7 +77,13 @@ fn a_gguf_converts_keeping_its_blocks_or_saying_it_quantizes_again() {
     assert_eq!(bits(&kept.wte.column(17)), bits(&theirs.wte.column(17)));
     let out = convert(&gguf_fixture("q8_0"), &p("again.gguf"), "q4_0");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("holds q8_0 weights; they are widened and quantized again as q4_0"), "{err}");
+    assert!(
+        err.contains("note: 9 tensors of ")
+            && err.contains(
+                "in another block type (blk.0.attn_qkv.weight as q8_0, …) are widened and quantized again as q4_0"
+            ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -103,10 +109,15 @@ fn bad_requests_are_refused_and_leave_no_file() {
     let e = err(&kvgpt(&["convert", &c, &c, "--type", "q8_0"]));
     assert!(e.contains("is the model's weights") && e.contains("choose another output file"), "{e}");
     assert!(std::fs::read(&copy).unwrap() == std::fs::read(gguf_fixture("q4_0")).unwrap());
-    // A folder that does not exist: the error names it, and nothing is left anywhere.
+    // A folder that does not exist, or a folder as the output: said before any work.
     let missing = dir.path().join("no/such/dir/x.gguf").to_string_lossy().into_owned();
     let e = err(&kvgpt(&["convert", &m, &missing, "--type", "f16"]));
-    assert!(e.contains("no/such/dir"), "{e}");
+    assert!(e.contains("no/such/dir does not exist; make it first, or write x.gguf elsewhere"), "{e}");
+    let folder = dir.path().to_string_lossy().into_owned();
+    let e = err(&kvgpt(&["convert", &m, &folder, "--type", "f16"]));
+    assert!(e.contains("is a folder; name the GGUF file to write"), "{e}");
+    let e = err(&kvgpt(&["convert", &m, &out, "--type", "w8a8"]));
+    assert!(e.contains("not w8a8 (it is kvgpt's own layout, which llama.cpp does not read)"), "{e}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, vec![std::ffi::OsString::from("in.gguf")], "only the copied input is left");
 }
@@ -181,4 +192,77 @@ impl Drop for Kill {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Bytes of `n` elements of ggml type `ty` (F32, Q4_0, Q8_0: the types these files hold).
+fn tensor_bytes(ty: u32, n: u64) -> usize {
+    (match ty {
+        0 => 4 * n,
+        2 => n / 32 * 18,
+        8 => n / 32 * 34,
+        _ => panic!("type {ty}"),
+    }) as usize
+}
+
+/// A GGUF of mixed block types, as llama-quantize writes without --pure (its tied token embedding
+/// kept in a larger type): each tensor quantized again is counted in the note, not only the
+/// file's main type; and the source's token types are kept, not rebuilt from its tokenizer.
+#[test]
+fn a_mixed_gguf_is_noted_per_tensor_and_keeps_its_token_types() {
+    use common::gguf_edit::GgufFile;
+    let (mut g, q8) = (GgufFile::read(&gguf_fixture("q4_0")), GgufFile::read(&gguf_fixture("q8_0")));
+    let slice = |f: &GgufFile, name: &str| -> (u32, Vec<u8>) {
+        let t = f.tensors.iter().find(|t| t.name == name).unwrap();
+        let n = tensor_bytes(t.ty, t.dims.iter().product());
+        (t.ty, f.data[t.offset as usize..t.offset as usize + n].to_vec())
+    };
+    let parts: Vec<(u32, Vec<u8>)> =
+        g.tensors.iter().map(|t| slice(if t.name == "token_embd.weight" { &q8 } else { &g }, &t.name)).collect();
+    g.data.clear();
+    for (t, (ty, bytes)) in g.tensors.iter_mut().zip(parts) {
+        (t.ty, t.offset) = (ty, g.data.len() as u64);
+        g.data.extend(bytes);
+        g.data.resize(g.data.len().next_multiple_of(32), 0);
+    }
+    // Token 100 made USER_DEFINED (4), 200 UNUSED (5): types a tokenizer.json would not give back.
+    let types = g.get("tokenizer.ggml.token_type");
+    for (id, ty) in [(100usize, 4i32), (200, 5)] {
+        types.raw[12 + 4 * id..16 + 4 * id].copy_from_slice(&ty.to_le_bytes());
+    }
+    let edited_types = types.raw.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let (mixed, out) = (dir.path().join("mixed.gguf"), dir.path().join("out.gguf"));
+    g.write(&mixed);
+    let said = convert(&mixed, &out, "q4_0");
+    let err = String::from_utf8_lossy(&said.stderr);
+    assert!(err.contains("note: 1 tensor of ") && err.contains("(token_embd.weight as q8_0) are widened"), "{err}");
+    let mut written = GgufFile::read(&out);
+    assert!(written.get("tokenizer.ggml.token_type").raw == edited_types, "the source's token types");
+    assert_eq!(written.tensors.iter().filter(|t| t.ty == 2).count(), 9, "every matrix in q4_0");
+}
+
+/// Ctrl-C while the file is written stops the run with status 130 and leaves nothing behind.
+#[test]
+fn an_interrupted_run_leaves_nothing() {
+    let (model, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let shape = random_model::Shape { n_embd: 512, n_layer: 2, n_head: 8, n_positions: 128, seed: 3, endless: false };
+    random_model::write(model.path(), shape);
+    let out = dir.path().join("big.gguf");
+    let child = Command::new(env!("CARGO_BIN_EXE_kvgpt"))
+        .args(["convert", model.path().to_str().unwrap(), out.to_str().unwrap(), "--type", "q4_0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The partial file is made after the handler is in place: signal once it is there.
+    let t = std::time::Instant::now();
+    while std::fs::read_dir(dir.path()).unwrap().next().is_none() {
+        assert!(t.elapsed().as_secs() < 60, "no partial file appeared");
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{err}");
+    assert!(err.contains("big.gguf was complete; nothing was written"), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing left in the output's folder");
 }

@@ -4,18 +4,20 @@
 //! position embedding in the type asked for; vectors and `position_embd` in f32). The block types
 //! are quantized by ggml's reference quantizers, so a file is what the converter (f32, f16, bf16,
 //! q8_0) or `llama-quantize --pure` (q4_0, q4_1, q5_0, q5_1) writes from the same weights.
-//! Written to a hidden file beside the output and renamed into place: a failed run leaves nothing.
+//! Written to a hidden file beside the output and renamed into place: a run that fails or is
+//! stopped (the caller's flag, set on SIGINT or SIGTERM by the CLI) leaves nothing.
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::hub::ModelFiles;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use crate::weights::gguf_write::{padding, Layout, Put, Slot};
-use crate::weights::{expected, names, parameter_count, Weights};
+use crate::weights::{expected, is_gguf, names, parameter_count, Gguf, Weights};
 use kvgpt_kernels::{f32_to_bf16_bits, f32_to_f16_bits, quantize_blocks, WeightType};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The types `kvgpt convert` writes, each as llama.cpp writes it.
 pub const TYPES: [WeightType; 8] = [
@@ -29,13 +31,22 @@ pub const TYPES: [WeightType; 8] = [
     WeightType::Q5_1,
 ];
 
+/// What to write: the file, the type of its matrices, the model's name in its metadata, and a
+/// flag that stops the run (set from a signal handler: the run then removes what it wrote).
+pub struct Target<'a> {
+    pub path: &'a Path,
+    pub ty: WeightType,
+    pub name: &'a str,
+    pub stop: &'a AtomicBool,
+}
+
 /// What was written.
 pub struct Converted {
     pub file_bytes: u64,
     /// How many tensors of each type, the most common first.
     pub types: Vec<(&'static str, usize)>,
-    /// The type the source's matrices were quantized as, when they are now quantized again.
-    pub requantized: Option<WeightType>,
+    /// The tensors whose source held another block type, now quantized again: (name, its type).
+    pub requantized: Vec<(String, WeightType)>,
 }
 
 /// One tensor to write: its Hugging Face name and shape, and whether the GGUF stores it
@@ -46,28 +57,28 @@ struct Source {
     transposed: bool,
 }
 
-/// Writes the model `files` name to `out` as a GGUF of `ty`, named `name` in its metadata.
-pub fn convert(files: &ModelFiles, out: &Path, ty: WeightType, name: &str) -> Result<Converted> {
-    if !TYPES.contains(&ty) {
-        let names: Vec<&str> = TYPES.iter().map(|t| t.name()).collect();
-        return Err(Error::Invalid(format!(
-            "a GGUF is written as one of {}, not {} (llama.cpp's own quantizer for the k-quants searches for \
-             scales that kvgpt's does not; use llama-quantize on an f32 GGUF for those)",
-            names.join(", "),
-            ty.name()
-        )));
-    }
-    files.inputs("the model's").refuse_as_output(out)?;
+/// Writes the model `files` name as `to` asks.
+pub fn convert(files: &ModelFiles, to: &Target) -> Result<Converted> {
+    check_type(to.ty)?;
+    let out = output_path(to.path)?;
+    files.inputs("the model's").refuse_as_output(&out)?;
     let (cfg, weights) = Weights::open(&files.config, &files.weights)?;
-    let vocab = Tokenizer::from_files(&files.tokenizer)?.gguf_vocab()?;
-    let (layout, sources) = plan(&cfg, vocab, ty, name)?;
-    let requantized = match &weights {
-        Weights::Gguf(g) => g.main_type().filter(|m| m.ggml_block().is_some() && ty.ggml_block().is_some() && *m != ty),
-        Weights::Safetensors(_) => None,
-    };
-    let partial = partial_path(out);
-    let written = write(&partial, &layout, &sources, &weights);
-    if let Err(e) = written.and_then(|()| std::fs::rename(&partial, out).map_err(|e| Error::io(out, e))) {
+    let mut vocab = Tokenizer::from_files(&files.tokenizer)?.gguf_vocab()?;
+    if let Weights::Gguf(g) = &weights {
+        // The source's own types: the tokenizer built from it keeps only which tokens are special.
+        vocab.types = g.token_types(vocab.tokens.len()).unwrap_or(vocab.types);
+    }
+    let (layout, sources) = plan(&cfg, vocab, to.ty, to.name)?;
+    let requantized = requantized(&weights, &layout, &sources)?;
+    let partial = partial_path(&out);
+    let written = write(&partial, &layout, &sources, &weights, to.stop)
+        .map_err(|e| match e {
+            Error::Io { err, .. } => Error::io(&out, err),
+            Error::Stopped(_) => Error::Stopped(out.clone()),
+            e => e,
+        })
+        .and_then(|()| std::fs::rename(&partial, &out).map_err(|e| Error::io(&out, e)));
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
@@ -78,10 +89,70 @@ pub fn convert(files: &ModelFiles, out: &Path, ty: WeightType, name: &str) -> Re
     Ok(Converted { file_bytes: layout.file_bytes(), types, requantized })
 }
 
-/// The name a GGUF of `files` gets by default: the folder's, file's or Hub repository's.
+fn check_type(ty: WeightType) -> Result<()> {
+    if TYPES.contains(&ty) {
+        return Ok(());
+    }
+    let names: Vec<&str> = TYPES.iter().map(|t| t.name()).collect();
+    let why = match ty {
+        WeightType::Q8 | WeightType::W8A8 => "it is kvgpt's own layout, which llama.cpp does not read",
+        _ => {
+            "llama.cpp's quantizer for the k-quants searches for scales that kvgpt's does not; \
+             use llama-quantize on an f32 GGUF for those"
+        }
+    };
+    Err(Error::Invalid(format!("a GGUF is written as one of {}, not {} ({why})", names.join(", "), ty.name())))
+}
+
+/// Where the file goes: through a symlink to its target; refused when it is a folder or its
+/// folder does not exist, before any work.
+fn output_path(path: &Path) -> Result<PathBuf> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let out = if is_link { std::fs::canonicalize(path).unwrap_or_else(|_| path.into()) } else { path.into() };
+    if out.is_dir() {
+        let example = out.join("model.gguf");
+        return Err(Error::Invalid(format!(
+            "{} is a folder; name the GGUF file to write (e.g. {})",
+            path.display(),
+            example.display()
+        )));
+    }
+    let folder = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        return Err(Error::Invalid(format!(
+            "the folder {} does not exist; make it first, or write {} elsewhere",
+            folder.display(),
+            path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned())
+        )));
+    }
+    Ok(out)
+}
+
+/// The tensors that will be quantized again: a block type written from another block type.
+fn requantized(weights: &Weights, layout: &Layout, sources: &[Source]) -> Result<Vec<(String, WeightType)>> {
+    let Weights::Gguf(g) = weights else { return Ok(Vec::new()) };
+    let mut out = Vec::new();
+    for (slot, src) in layout.tensors.iter().zip(sources) {
+        let held = g.held_type(&src.hf)?;
+        if slot.ty.ggml_block().is_some() && held.ggml_block().is_some() && held != slot.ty {
+            out.push((slot.name.clone(), held));
+        }
+    }
+    Ok(out)
+}
+
+/// The name a GGUF of `files` gets by default: a GGUF's own `general.name`, else the folder's
+/// or Hub repository's name, or the file's without its extension.
 pub fn default_name(files: &ModelFiles) -> String {
-    let stem = Path::new(&files.name).file_stem().map(|s| s.to_string_lossy().into_owned());
-    stem.filter(|s| !s.is_empty()).unwrap_or_else(|| "gpt2".into())
+    if let Some(name) = is_gguf(&files.weights).then(|| Gguf::open(&files.weights).ok()).flatten() {
+        if let Some(n) = name.name() {
+            return n.to_string();
+        }
+    }
+    let given = Path::new(&files.name);
+    let path = std::fs::canonicalize(given).unwrap_or_else(|_| given.into());
+    let name = if path.is_file() { path.file_stem() } else { path.file_name() };
+    name.map(|s| s.to_string_lossy().into_owned()).filter(|s| !s.is_empty()).unwrap_or_else(|| "gpt2".into())
 }
 
 /// The metadata and tensor entries of the file, and where each tensor comes from.
@@ -181,12 +252,18 @@ fn partial_path(out: &Path) -> PathBuf {
     out.with_file_name(format!(".{name}.partial-{}", std::process::id()))
 }
 
-fn write(path: &Path, layout: &Layout, sources: &[Source], weights: &Weights) -> Result<()> {
+fn write(path: &Path, layout: &Layout, sources: &[Source], weights: &Weights, stop: &AtomicBool) -> Result<()> {
     let io = |e| Error::io(path, e);
     let mut w = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
     w.write_all(&layout.header()).map_err(io)?;
     for (slot, src) in layout.tensors.iter().zip(sources) {
-        tensor_data(weights, src, slot, &mut |b| w.write_all(b).map_err(io))?;
+        // Checked at every row: a row is at most a few KiB of work.
+        tensor_data(weights, src, slot, &mut |b| {
+            if stop.load(Ordering::Relaxed) {
+                return Err(Error::Stopped(path.into()));
+            }
+            w.write_all(b).map_err(io)
+        })?;
         w.write_all(&[0u8; 32][..padding(slot.bytes)]).map_err(io)?;
     }
     w.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)

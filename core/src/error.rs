@@ -118,6 +118,9 @@ pub enum Error {
     #[error("could not write to {what}")]
     Write { what: String, source: std::io::Error },
 
+    #[error("stopped before {} was complete; nothing was written", .0.display())]
+    Stopped(PathBuf),
+
     #[error("{0}")]
     Invalid(String),
 }

@@ -17,6 +17,16 @@ pub struct GgufVocab {
     pub merges: Vec<String>,
 }
 
+/// llama.cpp's converter's `does_token_look_special`: added tokens it makes CONTROL though the
+/// tokenizer does not mark them special.
+fn looks_special(t: &str) -> bool {
+    let wrapped = |a: &str, b: &str| t.starts_with(a) && t.ends_with(b);
+    ["<pad>", "<mask>", "<2mass>", "[@BOS@]"].contains(&t)
+        || wrapped("<|", "|>")
+        || wrapped("<\u{ff5c}", "\u{ff5c}>")
+        || wrapped("<unused", ">")
+}
+
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -177,14 +187,17 @@ impl Tokenizer {
     }
 
     /// The vocabulary as a GGUF holds it (`tokenizer.ggml.tokens`, `.token_type`, `.merges`): every
-    /// id's piece, its type as llama.cpp's converter assigns it (an added special token 3
-    /// CONTROL, another added token 4 USER_DEFINED, the rest 1 NORMAL) and the merges by rank.
+    /// id's piece, its type as llama.cpp's converter assigns it (an added token that is special or
+    /// looks it 3 CONTROL, another added token 4 USER_DEFINED, the rest 1 NORMAL) and the merges
+    /// by rank.
     pub fn gguf_vocab(&self) -> Result<GgufVocab> {
         let doc = serde_json::to_value(&self.inner).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut types = vec![1i32; self.vocab_size()];
         for t in doc["added_tokens"].as_array().into_iter().flatten() {
             if let Some(ty) = t["id"].as_u64().and_then(|id| types.get_mut(id as usize)) {
-                *ty = if t["special"].as_bool() == Some(true) { 3 } else { 4 };
+                let special =
+                    t["special"].as_bool() == Some(true) || looks_special(t["content"].as_str().unwrap_or(""));
+                *ty = if special { 3 } else { 4 };
             }
         }
         // Each merge as "a b", whether the JSON holds it so or as a pair.
@@ -291,5 +304,16 @@ mod tests {
         assert_eq!(d.push(&[0xE4, 0xBB]), "");
         assert_eq!(d.finish(), "\u{FFFD}");
         assert_eq!(d.push(&[b'a', 0xFF, b'b']), "a\u{FFFD}b");
+    }
+
+    /// The converter's rule, at each of its shapes (convert_hf_to_gguf.py, `does_token_look_special`).
+    #[test]
+    fn tokens_that_look_special_are_the_converters() {
+        for t in ["<pad>", "<mask>", "<|user|>", "<\u{ff5c}begin\u{ff5c}>", "<unused7>", "[@BOS@]"] {
+            assert!(looks_special(t), "{t}");
+        }
+        for t in ["[SEP]", "<user>", "|>", "<|", "hello", "<unused"] {
+            assert!(!looks_special(t), "{t}");
+        }
     }
 }

@@ -99,7 +99,8 @@ def parse_args():
                    help="0: greedy; above: sampled at this temperature (request seed 1), to time the sampler")
     p.add_argument("--id-lo", type=int, default=1000, help="prompt token ids are drawn from [id-lo, id-hi)")
     p.add_argument("--id-hi", type=int, default=30000)
-    p.add_argument("--parallel", type=int, default=16, help="server slots (kvgpt --parallel, llama-server -np)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="server slots (kvgpt --parallel, llama-server -np); default: kvgpt's own default, llama-server 16")
     p.add_argument("--cache-mb", type=int, default=512, help="kvgpt --cache-mb")
     p.add_argument("--ctx-per-slot", type=int, default=1024, help="llama-server context per slot (-c = parallel x this)")
     p.add_argument("--llama-kv", default="f32", choices=["f32", "f16", "bf16", "q8_0", "default"],

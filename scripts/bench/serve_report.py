@@ -49,13 +49,13 @@ def header_lines(a, header, keys):
                   if header["busy_during_run"] else ""))
     kv = header["kvgpt"]
     out.append(f"- kvgpt: {kv['version']}" + (f" (git {kv['git']})" if kv["git"] else "")
-               + f": `serve --parallel {a.parallel} --cache-mb {a.cache_mb}"
+               + f": `serve {'' if a.parallel is None else f'--parallel {a.parallel} '}--cache-mb {a.cache_mb}"
                + (f" {' '.join(a.kvgpt_arg)}" if a.kvgpt_arg else "") + "`, K/V f32")
     if "kvgpt_b" in keys:
         out.append(f"- {NAMES['kvgpt_b']}: the same server with `{' '.join(a.versus_arg)}`")
     if "llama" in keys:
         ll = header["llama"]
-        out.append(f"- llama.cpp: {ll['version']}: `llama-server -np {a.parallel} -c {a.parallel * a.ctx_per_slot}` "
+        out.append(f"- llama.cpp: {ll['version']}: `llama-server -np {a.parallel or 16} -c {(a.parallel or 16) * a.ctx_per_slot}` "
                    f"({a.ctx_per_slot} per slot, no unified KV), continuous batching, prompt cache on, "
                    f"--cache-ram {a.llama_cache_ram if a.llama_cache_ram is not None else a.cache_mb} MiB, "
                    f"K/V cache {ll['kv_cache']}" + (f", extra {' '.join(a.llama_arg)}" if a.llama_arg else ""))

@@ -97,13 +97,15 @@ class Server:
 
 
 def kvgpt_cmd(a):
+    parallel = [] if a.parallel is None else ["--parallel", str(a.parallel)]  # None: the server's default
     return [a.kvgpt, "serve", "--model", a.model, "--host", HOST, "--port", "0", "-t", str(a.threads),
-            "--parallel", str(a.parallel), "--cache-mb", str(a.cache_mb), *a.kvgpt_arg]
+            *parallel, "--cache-mb", str(a.cache_mb), *a.kvgpt_arg]
 
 
 def llama_cmd(a, port):
+    slots = 16 if a.parallel is None else a.parallel
     cmd = [a.llama_server, "-m", a.gguf, "--host", HOST, "--port", str(port), "-t", str(a.threads),
-           "-tb", str(a.threads), "-np", str(a.parallel), "-c", str(a.parallel * a.ctx_per_slot),
+           "-tb", str(a.threads), "-np", str(slots), "-c", str(slots * a.ctx_per_slot),
            "--no-kv-unified", "--cont-batching", "--cache-prompt", "--no-webui",
            "--cache-ram", str(a.llama_cache_ram if a.llama_cache_ram is not None else a.cache_mb)]
     if a.llama_kv != "default":

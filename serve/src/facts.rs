@@ -107,7 +107,7 @@ impl Facts {
         let total = self.weights + self.draft_weights + self.draft_kv + pool;
         format!(
             "{} ready on http://{} | {} positions | {}, {} kernels, {} weights{draft} | memory: weights {}{draft_memory} \
-             + one K/V pool of {} blocks of {} positions ({}) = {} for {} and the prompt cache (≤ {} of it) = {}",
+             + one K/V pool of {} blocks of {} positions ({}) = {} for {} (--parallel: sequences decoded in one step) and the prompt cache (≤ {} of it) = {}",
             self.files_name,
             self.local,
             self.n_positions,

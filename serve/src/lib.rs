@@ -35,7 +35,7 @@ mod worker;
 pub mod zmtp;
 
 pub use kv_events::KvEventOptions;
-pub use options::{LogFormat, ServeOptions};
+pub use options::{LogFormat, ServeOptions, DEFAULT_PARALLEL};
 
 use anyhow::{Context, Result};
 use facts::Facts;

@@ -7,6 +7,10 @@ use kvgpt_core::LoadSpec;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// `--parallel`'s default: the rows per step past which batching stopped paying much on the
+/// machines measured (DESIGN.md, "A server default that batches").
+pub const DEFAULT_PARALLEL: u16 = 16;
+
 /// Everything `kvgpt serve` is asked for.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
@@ -18,7 +22,7 @@ pub struct ServeOptions {
     pub kv_events: KvEventOptions,
     pub host: String,
     pub port: u16,
-    /// Sequences decoded at once.
+    /// Sequences decoded at once (at most; [`DEFAULT_PARALLEL`] unless the command line says).
     pub parallel: usize,
     /// Bytes of K/V the prompt cache may hold (0 turns it off).
     pub cache_bytes: usize,

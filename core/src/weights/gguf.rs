@@ -101,6 +101,22 @@ impl Gguf {
         }
     }
 
+    /// `tokenizer.ggml.token_type`, when the file holds one of `n` integers.
+    pub fn token_types(&self, n: usize) -> Option<Vec<i32>> {
+        let Some(Value::Array(a)) = self.meta.get("tokenizer.ggml.token_type") else { return None };
+        let types: Option<Vec<i32>> =
+            a.iter().map(|v| if let Value::Int(t) = v { i32::try_from(*t).ok() } else { None }).collect();
+        types.filter(|t| t.len() == n)
+    }
+
+    /// `general.name`, when the file names its model.
+    pub fn name(&self) -> Option<&str> {
+        match self.meta.get("general.name") {
+            Some(Value::Str(s)) if !s.trim().is_empty() => Some(s),
+            _ => None,
+        }
+    }
+
     /// The GPT-2 config the metadata describes (checked as config.json is).
     pub fn config(&self) -> Result<Config> {
         match self.meta.get("general.architecture") {
