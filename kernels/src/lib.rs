@@ -37,6 +37,7 @@ mod lanes;
 mod math;
 mod packed;
 mod par;
+mod peak;
 mod rows;
 mod slab;
 
@@ -52,5 +53,6 @@ pub use packed::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, quantize_blocks, widen_blocks, PackedMatrix,
     WeightType, NR, Q8_BLOCK, W8_BLOCK,
 };
+pub use peak::{dot_ops_per_round, dot_peak, fma_flops_per_round, fma_peak, read_all};
 pub use rows::{add_inplace, exp_weights, gelu_new, layernorm, softmax_inplace, sum};
 pub use slab::{Slab, SlabBlock};

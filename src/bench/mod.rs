@@ -1,6 +1,8 @@
 //! `kvgpt bench`: throughput and latency of prefill and decode, cached against uncached, greedy
 //! against sampled, plain against speculative.
 
+mod roofline;
+
 use crate::common::{load, print_json, sampler_words, ModelArgs, Outcome, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
@@ -38,6 +40,11 @@ pub struct BenchArgs {
     /// forward over all their rows per step, as the server runs them.
     #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
     pub batches: Vec<usize>,
+    /// Instead of the rows above, time each matrix shape of the model at the --batch row counts
+    /// (default 1,2,4,8,16) against its roof: reading the weights once at the measured read
+    /// bandwidth, or the FLOPs at the measured FMA peak, whichever takes longer.
+    #[arg(long)]
+    pub roofline: bool,
     /// Size of the read-bandwidth probe in MiB, at most 65536 (0 skips it).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(0..=65536))]
     pub probe_mib: u32,
@@ -111,6 +118,9 @@ fn lengths(a: &BenchArgs, np: usize) -> Result<(Vec<usize>, Vec<usize>)> {
 pub fn run(a: &BenchArgs) -> Result<Outcome> {
     if a.batches.iter().any(|&b| b == 0 || b > 256) {
         bail!("--batch takes batch sizes from 1 to 256, e.g. --batch 1,8,16");
+    }
+    if a.roofline {
+        return roofline::run(a);
     }
     let probe_bytes = (a.probe_mib as usize) << 20;
     kvgpt_views::bench::check_probe(probe_bytes)?;

@@ -64,8 +64,5 @@ impl<F: LoadLanes> Source for Panels<'_, F> {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn prefetch<T>(d: &[T], at: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    // SAFETY: a prefetch never faults and never changes memory, whatever the address; the
-    // pointer is formed with wrapping arithmetic and never dereferenced.
-    unsafe { _mm_prefetch(d.as_ptr().wrapping_add(at) as *const i8, _MM_HINT_T0) }
+    crate::lanes::prefetch(d.as_ptr().wrapping_add(at) as *const u8)
 }

@@ -13,6 +13,7 @@ pub(crate) struct Y(pub(crate) V, pub(crate) V);
 
 impl Lanes for Y {
     const FEW_MR: usize = 2; // 2 rows × 3 panels × 2 registers = 12 accumulators of 16
+    const REGISTERS: usize = 2;
     const BROADCAST_FIRST: bool = true;
     const PREFETCH: bool = false; // measured no faster on AVX2
     const FEW_ROWS: usize = 16;

@@ -13,6 +13,7 @@ impl Lanes for Z {
     // 8 rows × 3 panels = 24 accumulators, three weight vectors and a broadcast within the
     // 32 registers: a batch of 8 reads each weight once per step.
     const FEW_MR: usize = 8;
+    const REGISTERS: usize = 1;
     const BROADCAST_FIRST: bool = false;
     const PREFETCH: bool = true;
     // Every T: eight rows against three panels over the whole reduction beat the 6-row

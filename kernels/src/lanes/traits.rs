@@ -6,6 +6,8 @@
 pub(crate) trait Lanes: Copy {
     /// Rows per pass of the few-rows path (2 or 8); three panels per pass either way.
     const FEW_MR: usize;
+    /// Registers one panel row takes (AVX2 2 of its 16, AVX-512 1 of its 32).
+    const REGISTERS: usize;
     /// Broadcast the R activations first, then stream the panels (fewer registers for the
     /// weights: AVX2's 16), or load the G panel rows first (AVX-512's 32 hold them).
     const BROADCAST_FIRST: bool;

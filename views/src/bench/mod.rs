@@ -6,6 +6,7 @@
 //! draft, a step also verifies the drafted tokens and drafts the next ones.
 
 pub mod report;
+pub mod roofline;
 
 use kvgpt_core::error::{Error, Result};
 use kvgpt_core::model::{Model, Scratch, CHUNK_ROWS};
@@ -371,7 +372,7 @@ pub fn probe_read_bandwidth(bytes: usize, passes: usize) -> Result<f64> {
     let mut best = 0.0f64;
     for _ in 0..passes {
         let start = Instant::now();
-        let s: f32 = buf.par_chunks(chunk).map(|c| kvgpt_kernels::sum(kvgpt_kernels::Isa::detect(), c)).sum();
+        let s: f32 = buf.par_chunks(chunk).map(|c| kvgpt_kernels::read_all(kvgpt_kernels::Isa::detect(), c)).sum();
         let secs = start.elapsed().as_secs_f64();
         std::hint::black_box(s);
         best = best.max(bytes as f64 / secs / 1e9);
