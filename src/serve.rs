@@ -24,16 +24,16 @@ pub struct ServeArgs {
     pub port: u16,
     /// Sequences decoded at once (each choice of each request is one). The default, 16, is where
     /// batching stops paying much: a step of 16 rows gave 10× one sequence's tokens/s on
-    /// DistilGPT-2 (AVX-512), 32 rows 12× at 1.7× the time per token; the K/V pool, not this
-    /// ceiling, admits sequences by their memory.
+    /// DistilGPT-2 (AVX-512), 32 rows 12× at 1.7× the time per token; the K/V pool (--kv-mb), not
+    /// this ceiling, admits sequences by their memory.
     #[arg(long, default_value_t = kvgpt_serve::DEFAULT_PARALLEL, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub parallel: u16,
     /// Megabytes (MiB) of K/V the prompt cache may hold (0 turns it off).
     #[arg(long, default_value_t = 256)]
     pub cache_mb: u32,
     /// Megabytes (MiB, decimals allowed) of the one K/V pool that running sequences and the prompt
-    /// cache share, in blocks of --kv-block-size positions. Default: every slot at the full
-    /// context plus --cache-mb.
+    /// cache share, in blocks of --kv-block-size positions. Default: four sequences at the full
+    /// context (or --parallel, if fewer) plus --cache-mb; more slots share it by memory.
     #[arg(long, value_name = "MB", value_parser = parse_mb)]
     pub kv_mb: Option<f64>,
     #[command(flatten)]

@@ -51,4 +51,9 @@ fn every_matrix_at_every_row_count_against_its_roof() {
     let err = |args: &[&str]| String::from_utf8_lossy(&kvgpt(args).stderr).into_owned();
     assert!(err(&["bench", "--roofline", "-m", &m, "-t", "1,2"]).contains("--roofline runs at one thread count"));
     assert!(err(&["bench", "--roofline", "-m", &m, "--probe-mib", "0"]).contains("needs the read-bandwidth probe"));
+    for flag in [&["-p", "16"][..], &["--draft", "lookup"], &["--temperature", "0.7"]] {
+        let e = err(&[&["bench", "--roofline", "-m", &m][..], flag].concat());
+        assert!(e.contains("--roofline times matrices, not prefill and decode rows"), "{flag:?}: {e}");
+    }
+    assert!(err(&["bench", "--roofline", "-m", &m, "-o", "csv"]).contains("-o md or -o json, not csv"));
 }

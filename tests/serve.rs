@@ -198,7 +198,7 @@ type BadCase = (&'static str, String, u16, Option<&'static str>, Option<&'static
 
 #[test]
 fn bad_requests_get_error_json_and_the_server_keeps_serving() {
-    let s = Server::start(&["--max-queue", "2", "--max-body-bytes", "100000"]);
+    let s = Server::start(&["--parallel", "4", "--max-queue", "2", "--max-body-bytes", "100000"]);
     let good = json!({"prompt": "The cat", "max_tokens": 3, "temperature": 0});
     let long: Vec<u32> = vec![464; 120];
     let cases: Vec<BadCase> = vec![
@@ -233,9 +233,8 @@ fn bad_requests_get_error_json_and_the_server_keeps_serving() {
             Some("model_not_found"),
         ),
         ("/v1/completions", json!({"prompt": "x".repeat(200_000)}).to_string(), 413, None, Some("request_too_large")),
-        // More sequences than --parallel (16, the default) + --max-queue (2) can ever hold: a 400,
-        // not a retry.
-        ("/v1/completions", json!({"prompt": "x", "n": 19}).to_string(), 400, Some("n"), None),
+        // More sequences than --parallel (4) + --max-queue (2) can ever hold: a 400, not a retry.
+        ("/v1/completions", json!({"prompt": "x", "n": 7}).to_string(), 400, Some("n"), None),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 1000}).to_string(),

@@ -26,7 +26,7 @@ pub struct ServeOptions {
     pub parallel: usize,
     /// Bytes of K/V the prompt cache may hold (0 turns it off).
     pub cache_bytes: usize,
-    /// Bytes of the K/V pool (None: every slot at the full context and the prompt cache).
+    /// Bytes of the K/V pool (None: up to four slots at the full context and the prompt cache).
     pub kv_bytes: Option<usize>,
     /// The disk tier under the pool: its directory and the bytes it may hold.
     pub kv_disk: Option<(PathBuf, u64)>,

@@ -41,8 +41,10 @@ pub struct BenchArgs {
     #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
     pub batches: Vec<usize>,
     /// Instead of the rows above, time each matrix shape of the model at the --batch row counts
-    /// (default 1,2,4,8,16) against its roof: reading the weights once at the measured read
-    /// bandwidth, or the FLOPs at the measured FMA peak, whichever takes longer.
+    /// (1,2,4,8,16 unless --batch gives others than 1) against its roof: reading the weights once
+    /// at the measured read bandwidth, or the FLOPs at the measured FMA peak, whichever takes
+    /// longer. Each call is timed after sweeping the probe's buffer (keep --probe-mib above the
+    /// last-level cache).
     #[arg(long)]
     pub roofline: bool,
     /// Size of the read-bandwidth probe in MiB, at most 65536 (0 skips it).

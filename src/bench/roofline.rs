@@ -14,6 +14,18 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
     if a.probe_mib == 0 {
         bail!("--roofline needs the read-bandwidth probe: give --probe-mib above 0");
     }
+    // The rows' flags mean nothing here: refused rather than ignored.
+    let sampled = !a.sampling.sampling()?.is_greedy();
+    let rows_flags = a.prompts.is_some() || a.gens.is_some() || a.depths.is_some() || a.no_uncached;
+    if rows_flags || sampled || a.draft.draft.is_some() || a.draft.draft_model.is_some() {
+        bail!(
+            "--roofline times matrices, not prefill and decode rows: it takes --batch, -t, -r, --isa, --dtype, \
+             --probe-mib and -o md|json; drop -p, -n, -d, --no-uncached, --draft and the sampling flags"
+        );
+    }
+    if a.output == Format::Csv {
+        bail!("--roofline writes -o md or -o json, not csv");
+    }
     let threads = a.model.threads.first().map(|&n| usize::from(n));
     let rows = if a.batches == [1] { vec![1, 2, 4, 8, 16] } else { a.batches.clone() };
     let loaded = in_pool(threads, || load(&a.model))?;
@@ -31,7 +43,7 @@ pub fn run(a: &BenchArgs) -> Result<Outcome> {
         Format::Json => print_json(&serde_json::json!({
             "isa": model.isa().name(), "threads": threads, "dtype": model.weights_dtype(), "roof": roof, "rows": table,
         }))?,
-        _ => out!("{}", markdown(&table, roof, model.isa().name(), threads)),
+        Format::Md | Format::Csv => out!("{}", markdown(&table, roof, model.isa().name(), threads)),
     }
     Ok(Outcome::Done)
 }

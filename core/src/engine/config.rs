@@ -33,6 +33,11 @@ pub struct EngineConfig {
     pub store: Option<Arc<Store>>,
 }
 
+/// Full contexts the default pool holds (the K/V of the old default of four slots): more slots
+/// share it by memory, as their sequences' blocks are taken, and a pool that runs out preempts
+/// (the answer's bits do not change). `--kv-mb` sets it outright.
+pub const FULL_CONTEXTS: usize = 4;
+
 impl EngineConfig {
     /// Refuses a configuration the engine cannot run: no slot, no row per step.
     pub fn check(&self) -> Result<(), String> {
@@ -42,12 +47,13 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// The K/V pool's block shape and how many blocks it holds: `kv_bytes` (default: every slot at
-    /// the full context and the prompt cache's budget) in blocks of the model's K/V, as many
-    /// positions each as [`Model::kv`] says.
+    /// The K/V pool's block shape and how many blocks it holds: `kv_bytes` (default: up to
+    /// [`FULL_CONTEXTS`] slots at the full context and the prompt cache's budget) in blocks of the
+    /// model's K/V, as many positions each as [`Model::kv`] says.
     pub fn kv_pool_size(&self, model: &Model) -> (BlockShape, usize) {
         let (cfg, spec) = (&model.config, model.kv());
-        let full = self.parallel * cfg.n_positions * KvCache::bytes_per_position_as(cfg, spec.kv_type());
+        let slots = self.parallel.min(FULL_CONTEXTS);
+        let full = slots * cfg.n_positions * KvCache::bytes_per_position_as(cfg, spec.kv_type());
         let bytes = self.kv_bytes.unwrap_or(full + self.cache_bytes);
         let shape = BlockShape::of(cfg, spec);
         (shape, bytes / shape.bytes())
