@@ -63,6 +63,7 @@ fn turns_as_hf(extra: &[&str]) {
         assert!(text.contains("tok/s, sampling ") && text.contains(" ms/token"), "sampling timed: {text}");
         if let Some(draft) = extra.get(1) {
             assert!(text.contains(&format!(" | draft {draft}: accepted ")), "the drafts are reported: {text}");
+            assert!(text.contains(" drafted tokens, drafting ") && text.contains(" ms |"), "drafting timed: {text}");
         }
         assert_eq!(t["ids_before_answer"].as_u64().unwrap() as usize, before + turn_len);
         before += turn_len + t["answer_ids"].as_array().unwrap().len();

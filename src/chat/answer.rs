@@ -63,10 +63,12 @@ impl Answering<'_> {
         let decoded = turn.answer.len().saturating_sub(1); // the tokens after the first
         let tps = if decoded > 0 { decoded as f64 / turn.decode_time.as_secs_f64() } else { 0.0 };
         let draft = match (self.draft, chat.drafts()) {
+            // Drafting is inside the decode figure and shown apart.
             (Some(name), Some(now)) => format!(
-                " | draft {name}: accepted {} of {} drafted tokens",
+                " | draft {name}: accepted {} of {} drafted tokens, drafting {:.1} ms",
                 now.accepted - drafts_before.accepted,
-                now.drafted - drafts_before.drafted
+                now.drafted - drafts_before.drafted,
+                turn.draft_time.as_secs_f64() * 1e3
             ),
             _ => String::new(),
         };

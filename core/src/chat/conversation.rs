@@ -64,6 +64,8 @@ pub struct Turn {
     /// Choosing the answer's tokens, all of them (already part of `prefill_time` and
     /// `decode_time`).
     pub sample_time: Duration,
+    /// The draft's proposals (already part of `decode_time`).
+    pub draft_time: Duration,
 }
 
 impl Chat {
@@ -273,6 +275,7 @@ impl Chat {
             decode_steps: 0,
             decode_time: Duration::ZERO,
             sample_time: Duration::ZERO,
+            draft_time: Duration::ZERO,
         };
         loop {
             let t = Instant::now();
@@ -306,6 +309,7 @@ impl Chat {
             }
             let t = Instant::now();
             self.seq.draft(1)?;
+            turn.draft_time += t.elapsed();
             self.seq.feed(model, &mut self.scratch)?;
             turn.decode_time += t.elapsed();
             turn.decode_steps += 1;
