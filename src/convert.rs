@@ -45,14 +45,13 @@ fn parse_type(s: &str) -> std::result::Result<WeightType, String> {
 
 pub fn run(a: &ConvertArgs) -> Result<Outcome> {
     let files = Locate::from_env(a.offline).resolve(&a.model)?;
-    let name = a.name.clone().unwrap_or_else(|| convert::default_name(&files));
     // Ctrl-C, SIGTERM or a closed terminal stop the run at the next row, which removes what it wrote.
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM, SIGHUP] {
         signal_hook::flag::register(signal, stop.clone())?;
     }
     let t0 = Instant::now();
-    let to = convert::Target { path: &a.out, ty: a.ty, name: &name, stop: &stop };
+    let to = convert::Target { path: &a.out, ty: a.ty, name: a.name.as_deref(), stop: &stop };
     let done = match convert::convert(&files, &to) {
         Err(e @ kvgpt_core::Error::Stopped(_)) => {
             errln!("{e}");

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::hub::ModelFiles;
 use crate::tokenizer::{GgufVocab, Tokenizer};
 use crate::weights::gguf_write::{padding, Layout, Put, Slot};
-use crate::weights::{expected, is_gguf, names, parameter_count, Gguf, Weights};
+use crate::weights::{expected, names, parameter_count, Weights};
 use kvgpt_kernels::{f32_to_bf16_bits, f32_to_f16_bits, quantize_blocks, WeightType};
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -31,12 +31,13 @@ pub const TYPES: [WeightType; 8] = [
     WeightType::Q5_1,
 ];
 
-/// What to write: the file, the type of its matrices, the model's name in its metadata, and a
+/// What to write: the file, the type of its matrices, the model's name in its metadata (None: a
+/// GGUF's own `general.name`, else the folder's or repository's name, or the file's stem), and a
 /// flag that stops the run (set from a signal handler: the run then removes what it wrote).
 pub struct Target<'a> {
     pub path: &'a Path,
     pub ty: WeightType,
-    pub name: &'a str,
+    pub name: Option<&'a str>,
     pub stop: &'a AtomicBool,
 }
 
@@ -53,6 +54,7 @@ pub struct Converted {
 /// transposed (GGUF row `j` is then column `j` of Hugging Face's `[K, N]`).
 struct Source {
     hf: String,
+    gguf: String,
     shape: Vec<usize>,
     transposed: bool,
 }
@@ -68,7 +70,8 @@ pub fn convert(files: &ModelFiles, to: &Target) -> Result<Converted> {
         // The source's own types: the tokenizer built from it keeps only which tokens are special.
         vocab.types = g.token_types(vocab.tokens.len()).unwrap_or(vocab.types);
     }
-    let (layout, sources) = plan(&cfg, vocab, to.ty, to.name)?;
+    let name = to.name.map_or_else(|| default_name(files, &weights), str::to_string);
+    let (layout, sources) = plan(&cfg, vocab, to.ty, &name)?;
     let requantized = requantized(&weights, &layout, &sources)?;
     let partial = partial_path(&out);
     let written = write(&partial, &layout, &sources, &weights, to.stop)
@@ -82,11 +85,12 @@ pub fn convert(files: &ModelFiles, to: &Target) -> Result<Converted> {
         let _ = std::fs::remove_file(&partial);
         return Err(e);
     }
+    let file_bytes = std::fs::metadata(&out).map_err(|e| Error::io(&out, e))?.len();
     let mut types = std::collections::BTreeMap::<&'static str, usize>::new();
     layout.tensors.iter().for_each(|t| *types.entry(t.ty.name()).or_default() += 1);
     let mut types: Vec<_> = types.into_iter().collect();
     types.sort_by_key(|t| std::cmp::Reverse(t.1));
-    Ok(Converted { file_bytes: layout.file_bytes(), types, requantized })
+    Ok(Converted { file_bytes, types, requantized })
 }
 
 fn check_type(ty: WeightType) -> Result<()> {
@@ -143,11 +147,12 @@ fn requantized(weights: &Weights, layout: &Layout, sources: &[Source]) -> Result
 
 /// The name a GGUF of `files` gets by default: a GGUF's own `general.name`, else the folder's
 /// or Hub repository's name, or the file's without its extension.
-pub fn default_name(files: &ModelFiles) -> String {
-    if let Some(name) = is_gguf(&files.weights).then(|| Gguf::open(&files.weights).ok()).flatten() {
-        if let Some(n) = name.name() {
-            return n.to_string();
-        }
+fn default_name(files: &ModelFiles, weights: &Weights) -> String {
+    if let Some(n) = match weights {
+        Weights::Gguf(g) => g.name(),
+        Weights::Safetensors(_) => None,
+    } {
+        return n.to_string();
     }
     let given = Path::new(&files.name);
     let path = std::fs::canonicalize(given).unwrap_or_else(|_| given.into());
@@ -174,20 +179,19 @@ fn plan(cfg: &Config, mut vocab: GgufVocab, ty: WeightType, name: &str) -> Resul
     // The converter's order: the checkpoint's, whose names are sorted.
     let mut sources: Vec<Source> = expected(cfg)
         .map(|(hf, dims)| {
-            let (_, transposed) = names::gguf_name(&hf).expect("every expected tensor has a GGUF name");
-            Source { hf, shape: dims.iter().map(|d| d.1).collect(), transposed }
+            let (gguf, transposed) = names::gguf_name(&hf).expect("every expected tensor has a GGUF name");
+            Source { hf, gguf, shape: dims.iter().map(|d| d.1).collect(), transposed }
         })
         .collect();
     sources.sort_by(|a, b| a.hf.cmp(&b.hf));
     for s in &sources {
-        let (gguf, _) = names::gguf_name(&s.hf).expect("named above");
         // ggml's shape lists a row's length first.
         let mut dims = s.shape.clone();
         if !s.transposed {
             dims.reverse();
         }
         let matrix = dims.len() == 2 && s.hf != names::WPE;
-        l.tensor(&gguf, &dims, if matrix { ty } else { WeightType::F32 }).map_err(Error::Invalid)?;
+        l.tensor(&s.gguf, &dims, if matrix { ty } else { WeightType::F32 }).map_err(Error::Invalid)?;
     }
     Ok((l, sources))
 }

@@ -91,11 +91,6 @@ impl Layout {
         b.resize(b.len() + padding(b.len() as u64), 0);
         b
     }
-
-    /// The file's length: the header and the data section.
-    pub fn file_bytes(&self) -> u64 {
-        self.header().len() as u64 + self.end
-    }
 }
 
 /// The zero bytes that bring `n` to a multiple of [`ALIGN`].
