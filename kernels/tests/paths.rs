@@ -163,7 +163,7 @@ fn packed_matmul_every_type_and_path_equals_the_reference_on_the_widened_matrix(
     let shapes: Vec<(usize, usize, usize)> = [1usize, 2, 5, 6, 7, 8, 13, 16, 17, 37, 131]
         .iter()
         .flat_map(|&t| {
-            [(1usize, 1usize), (7, 17), (17, 63), (63, 257), (257, 7), (300, 16), (600, 40)]
+            [(1usize, 1usize), (7, 17), (17, 63), (63, 257), (257, 7), (300, 16), (600, 40), (131, 100)]
                 .map(move |(k, n)| (t, k, n))
         })
         .chain([(1, 768, 2304), (7, 768, 3072), (1, 3072, 768), (8, 768, 3072), (13, 3072, 768), (17, 768, 2304)])

@@ -27,6 +27,21 @@ impl<S> Clone for Job<'_, S> {
 }
 impl<S> Copy for Job<'_, S> {}
 
+/// Which weight rows a pass asks to be brought into cache ahead of its own (a hint, where the lanes
+/// take it): each panel's row `i + rows` at the pass's step `i`, on the steps `i % every == phase`
+/// (so `every` passes over the same panels share the work); past the reduction's end, the next
+/// panel group's first rows. `rows == 0`: none.
+#[derive(Clone, Copy)]
+pub(crate) struct Ahead {
+    pub(crate) rows: usize,
+    pub(crate) every: usize,
+    pub(crate) phase: usize,
+}
+
+impl Ahead {
+    pub(crate) const NONE: Ahead = Ahead { rows: 0, every: 1, phase: 0 };
+}
+
 /// A register tile: rows `r0..r0+R` of the activations against panel `p`, reduction rows
 /// `kc0..kc1`. Implementations differ only in how they spell the same FMA chains.
 pub(crate) trait TileKernel {
@@ -54,8 +69,23 @@ pub(crate) trait TileKernel {
     #[inline(always)]
     unsafe fn wide<S: Source, const R: usize, const G: usize>(j: &Job<S>, p: usize, r0: usize) {
         let Job { k, .. } = *j;
+        Self::span::<S, R, G>(j, p, r0, (0, k), Ahead::NONE)
+    }
+
+    /// As [`TileKernel::wide`] over reduction rows `kc.0..kc.1` only (continuing the FMA chains
+    /// stored in `out` unless `kc.0 == 0`, adding the bias after the last), asking for each
+    /// panel's rows `ahead` rows on to be brought into cache (a hint, where the lanes take it;
+    /// 0: none).
+    #[inline(always)]
+    unsafe fn span<S: Source, const R: usize, const G: usize>(
+        j: &Job<S>,
+        p: usize,
+        r0: usize,
+        kc: (usize, usize),
+        _ahead: Ahead,
+    ) {
         for q in p..p + G {
-            Self::tile::<S, R>(j, q, r0, 0, k);
+            Self::tile::<S, R>(j, q, r0, kc.0, kc.1);
         }
     }
 
@@ -83,20 +113,31 @@ impl TileKernel for Portable {
     }
 }
 
-/// The few-rows path two rows at a time: three panels per pass, so three weight streams are in
-/// flight; the other rows find the group in cache.
+/// Reduction rows per chunk of the few-rows path's two-row passes (three panels' chunk: 12 KiB).
+/// Every pass over a chunk asks for its share of the next chunk, so the weights' stream from
+/// memory runs under all the passes' arithmetic, not only under the first pass's.
+const CHUNK: usize = 64;
+
+/// The few-rows path two rows at a time: three panels per pass over each chunk of the reduction,
+/// so three weight streams are in flight; the other rows find the chunk in cache.
 #[inline(always)]
 unsafe fn few_pairs<T: TileKernel + ?Sized, S: Source>(j: &Job<S>, p0: usize, p1: usize) {
     let Job { t, k, n, .. } = *j;
     let mut p = p0;
     while p + 3 <= p1 && (p + 3) * NR <= n {
-        let mut r = 0;
-        while r + 2 <= t {
-            T::wide::<S, 2, 3>(j, p, r);
-            r += 2;
-        }
-        if r < t {
-            T::wide::<S, 1, 3>(j, p, r);
+        let mut kc0 = 0;
+        while kc0 < k {
+            let kc = (kc0, (kc0 + CHUNK).min(k));
+            let passes = t.div_ceil(2);
+            let mut r = 0;
+            while r + 2 <= t {
+                T::span::<S, 2, 3>(j, p, r, kc, Ahead { rows: CHUNK, every: passes, phase: r / 2 });
+                r += 2;
+            }
+            if r < t {
+                T::span::<S, 1, 3>(j, p, r, kc, Ahead { rows: CHUNK, every: passes, phase: r / 2 });
+            }
+            kc0 = kc.1;
         }
         p += 3;
     }
@@ -214,13 +255,34 @@ impl<L: Lanes> TileKernel for Simd<L> {
 
     #[inline(always)]
     unsafe fn wide<S: Source, const R: usize, const G: usize>(j: &Job<S>, p: usize, r0: usize) {
+        let Job { k, .. } = *j;
+        let rows = if L::PREFETCH { PREFETCH } else { 0 };
+        Self::span::<S, R, G>(j, p, r0, (0, k), Ahead { rows, every: 1, phase: 0 })
+    }
+
+    #[inline(always)]
+    unsafe fn span<S: Source, const R: usize, const G: usize>(
+        j: &Job<S>,
+        p: usize,
+        r0: usize,
+        (kc0, kc1): (usize, usize),
+        ahead: Ahead,
+    ) {
         let Job { src, out, inp, bias, k, n, .. } = *j;
         let mut acc = [[L::zero(); R]; G]; // [panel][row]
+        if kc0 > 0 {
+            for (q, accq) in acc.iter_mut().enumerate() {
+                for (r, a) in accq.iter_mut().enumerate() {
+                    *a = L::load(out.add((r0 + r) * n + (p + q) * NR));
+                }
+            }
+        }
         let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r + 1) * k].as_ptr());
-        for i in 0..k {
-            if L::PREFETCH && i + PREFETCH < k {
+        for i in kc0..kc1 {
+            if ahead.rows > 0 && i % ahead.every == ahead.phase {
+                let (next, row) = if i + ahead.rows < k { (p, i + ahead.rows) } else { (p + G, i + ahead.rows - k) };
                 for q in 0..G {
-                    src.prefetch(p + q, i + PREFETCH);
+                    src.prefetch(next + q, row);
                 }
             }
             // SAFETY (caller): i < k and row r0+r holds k elements from a_ptr[r].
@@ -250,11 +312,13 @@ impl<L: Lanes> TileKernel for Simd<L> {
                 }
             }
         }
+        let last = kc1 == k;
         for (q, accq) in acc.iter().enumerate() {
             let c0 = (p + q) * NR;
-            let b = L::load(bias.as_ptr().add(c0));
+            let b = if last { L::load(bias.as_ptr().add(c0)) } else { L::zero() };
             for (r, c) in accq.iter().enumerate() {
-                L::add(*c, b).store(out.add((r0 + r) * n + c0));
+                let v = if last { L::add(*c, b) } else { *c };
+                v.store(out.add((r0 + r) * n + c0));
             }
         }
     }
