@@ -140,3 +140,21 @@ fn every_held_type_and_gguf_has_its_own_key() {
         }
     }
 }
+
+/// `--draft self:w8a8` converts the target's f32 matrices instead of reading the file again: the
+/// copy must be the model loading the file as W8A8 gives, every byte (the same fingerprint), and
+/// a target not held in f32 (its values no longer the file's) is not converted.
+#[test]
+fn a_self_draft_converted_in_memory_is_the_model_loaded_as_its_type() {
+    let dir = fixture_dir();
+    let (config, weights) = (dir.join("config.json"), dir.join("model.safetensors"));
+    let target = Model::load(&config, &weights).unwrap();
+    for ty in [WeightType::W8A8, WeightType::Q8] {
+        let loaded = Model::load_as(&config, &weights, ty).unwrap();
+        let converted = target.held_as(ty).unwrap();
+        assert_eq!(converted.fingerprint(), loaded.fingerprint(), "{}", ty.name());
+        assert_eq!(converted.dtype, loaded.dtype);
+    }
+    let held_f16 = Model::load_as(&config, &weights, WeightType::F16).unwrap();
+    assert!(held_f16.held_as(WeightType::W8A8).is_none());
+}

@@ -9,6 +9,7 @@ use kvgpt_kernels::{self as k, Isa, PackedMatrix, WeightType};
 use rayon::prelude::*;
 use std::path::Path;
 
+#[derive(Clone)]
 pub struct LayerNorm {
     pub weight: Vec<f32>, // [C]
     pub bias: Vec<f32>,   // [C]
@@ -160,6 +161,49 @@ impl Model {
         }
         parts.extend(ln(&self.ln_f));
         parts
+    }
+
+    /// The same model with its matrices held as `dtype` (`--draft self:w8a8`'s copy), converted
+    /// from the matrices this one holds, without reading the file again: when they are all f32
+    /// they hold the file's values exactly, and the copy is the model loading the file as `dtype`
+    /// gives, byte for byte (the same fingerprint). None when a matrix is held otherwise.
+    pub fn held_as(&self, dtype: WeightType) -> Option<Model> {
+        let f32s = |m: &PackedMatrix| m.weight_type() == WeightType::F32;
+        let convs = |b: &Block| [&b.c_attn, &b.attn_c_proj, &b.c_fc, &b.mlp_c_proj].map(|c| f32s(&c.weight));
+        if !f32s(&self.wte) || !self.h.iter().all(|b| convs(b).iter().all(|&f| f)) {
+            return None;
+        }
+        let conv = |c: &Conv1D| Conv1D { weight: c.weight.converted(dtype), bias: c.bias.clone() };
+        let (wte, h) = rayon::join(
+            || self.wte.converted(dtype),
+            || {
+                self.h
+                    .par_iter()
+                    .map(|b| Block {
+                        ln_1: b.ln_1.clone(),
+                        c_attn: conv(&b.c_attn),
+                        attn_c_proj: conv(&b.attn_c_proj),
+                        ln_2: b.ln_2.clone(),
+                        c_fc: conv(&b.c_fc),
+                        mlp_c_proj: conv(&b.mlp_c_proj),
+                    })
+                    .collect()
+            },
+        );
+        let mut model = Model {
+            config: self.config.clone(),
+            wte,
+            wpe: self.wpe.clone(),
+            no_bias: self.no_bias.clone(),
+            h,
+            ln_f: self.ln_f.clone(),
+            dtype,
+            isa: self.isa,
+            kv: KvSpec::default(),
+            fingerprint: Fingerprint([0; 32]),
+        };
+        model.fingerprint = fingerprint::of(&model.config, &model.parts());
+        Some(model)
     }
 
     /// The same model running another compiled copy of the kernels (for tests and benchmarks).

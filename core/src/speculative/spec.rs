@@ -75,8 +75,13 @@ impl DraftSpec {
         let source = match &self.kind {
             DraftKind::Lookup => DraftSource::Lookup { max_ngram: LOOKUP_NGRAM },
             DraftKind::SelfAs(dtype) => {
-                let draft = load_as(&loaded.files, *dtype)?;
-                DraftSource::Model(Arc::new(with_isa(model, draft.model)))
+                // Converted from the target's f32 matrices where it holds them (the file's values:
+                // the same bytes as loading it again, without the reading); loaded otherwise.
+                let draft = match loaded.model.held_as(*dtype) {
+                    Some(m) => m,
+                    None => load_as(&loaded.files, *dtype)?.model,
+                };
+                DraftSource::Model(Arc::new(with_isa(model, draft)))
             }
             DraftKind::Model { name, dtype } => {
                 let spec = LoadSpec { model: name.clone(), dtype: Some(*dtype), ..model.clone() };

@@ -11,7 +11,7 @@
 //! Q4_K is stored in its format but rounded to nearest, not by llama.cpp's search for scales.
 
 use super::formats::{f16_bits_to_f32, f32_to_f16_bits};
-use super::quant::{self, scale_of};
+use super::quant;
 use super::types::WeightType;
 
 /// One sub-block: `len` (32, or 16 for Q6_K) integers, its scale and its minimum.
@@ -23,7 +23,7 @@ pub(crate) struct Sub {
 }
 
 impl Sub {
-    const ZERO: Sub = Sub { q: [0; 32], scale: 0.0, min: 0.0 };
+    pub(crate) const ZERO: Sub = Sub { q: [0; 32], scale: 0.0, min: 0.0 };
 }
 
 /// Elements per ggml super-block (the k-quants).
@@ -234,13 +234,7 @@ pub(crate) fn quantize(ty: WeightType, x: &[f32], out: &mut [Sub]) {
     let inv = |d: f32| if d != 0.0 { 1.0 / d } else { 0.0 };
     let o = &mut out[0];
     match ty {
-        WeightType::W8A8 => {
-            let s = scale_of(x.iter().fold(0.0f32, |m, v| m.max(v.abs())));
-            for (q, &v) in o.q.iter_mut().zip(x) {
-                *q = quant::quantize(v, s);
-            }
-            (o.scale, o.min) = (s, 0.0);
-        }
+        WeightType::W8A8 => (o.scale, o.min) = (quant::quantize_block(x, &mut o.q), 0.0),
         WeightType::Q8_0 => {
             let d = x.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0;
             let id = inv(d);

@@ -8,7 +8,8 @@
 
 use super::ggml::{self, Sub};
 use super::layout::Q8_BLOCK;
-use super::layout::{sub_block_index, w4_index, w8_index, w8_value, NR, W8_BLOCK};
+use super::layout::{panel_index, sub_block_index, w4_index, w8_index, w8_value, NR, W8_BLOCK};
+use super::quant;
 use super::types::WeightType;
 use crate::aligned::Aligned;
 
@@ -172,7 +173,26 @@ impl Ints {
 
     /// Quantizes column `c`'s rows `u0..u0 + len` (`w(ii)` for `ii < len`), one unit, zero-padded.
     fn quantize_unit(&mut self, c: usize, u0: usize, len: usize, w: impl Fn(usize) -> f32) {
+        // A unit of 32 on small arrays: zeroing a k-quant's 256 (and its 16 sub-blocks) for each
+        // of W8A8's units took most of a conversion's time.
+        if self.sh.unit <= 32 {
+            let (mut x, mut subs) = ([0.0f32; 32], [ggml::Sub::ZERO; 2]);
+            return self.quantize_in(c, u0, len, w, &mut x, &mut subs);
+        }
         let (mut x, mut subs) = ([0.0f32; ggml::QK_K], ggml::NO_SUBS);
+        self.quantize_in(c, u0, len, w, &mut x, &mut subs)
+    }
+
+    /// [`Ints::quantize_unit`] on buffers `x` and `subs` at least a unit long.
+    fn quantize_in(
+        &mut self,
+        c: usize,
+        u0: usize,
+        len: usize,
+        w: impl Fn(usize) -> f32,
+        x: &mut [f32],
+        subs: &mut [Sub],
+    ) {
         let (x, subs) = (&mut x[..self.sh.unit], &mut subs[..self.sh.unit / self.sh.sub]);
         x[..len].iter_mut().enumerate().for_each(|(ii, v)| *v = w(ii));
         ggml::quantize(self.ty, x, subs);
@@ -193,6 +213,47 @@ impl Ints {
                 self.quantize_unit(c, u0, rows, |ii| stage[ii * n + c]);
             }
         }
+    }
+
+    /// W8A8 from an f32 matrix's panels `d` (`k` rows, `n` columns, laid out as [`panel_index`]
+    /// spells): what streaming its rows through [`Ints::set_row`] stores, byte for byte, a
+    /// panel's block of 32 rows at a time (2 KiB, in L1) instead of a whole row block's stage.
+    pub(crate) fn set_w8a8_panels(&mut self, d: &[f32], k: usize, n: usize) {
+        assert!(self.ty == WeightType::W8A8 && self.next_row == 0, "set_w8a8_panels: a fresh W8A8 matrix");
+        for p in 0..n.div_ceil(NR) {
+            for s in 0..self.kp / W8_BLOCK {
+                let i0 = s * W8_BLOCK;
+                let rows = W8_BLOCK.min(k.saturating_sub(i0));
+                let lanes = NR.min(n - p * NR);
+                let row = |ii: usize| -> [f32; NR] {
+                    if ii < rows {
+                        d[panel_index(k, p, i0 + ii)..][..NR].try_into().expect("a panel row")
+                    } else {
+                        [0.0; NR]
+                    }
+                };
+                // quant::quantize_block's rule, the block's 16 columns at once.
+                let mut amax = [0.0f32; NR];
+                for ii in 0..rows {
+                    amax.iter_mut().zip(row(ii)).for_each(|(m, v)| *m = m.max(v.abs()));
+                }
+                let sc = amax.map(quant::scale_of);
+                let inv = quant::inverses(sc);
+                for g in (0..W8_BLOCK).step_by(4) {
+                    // Rows g..g+4 of the 16 columns: one 64-byte line, column-major ([`w8_index`]).
+                    let line = &mut self.q[w8_index(self.kp, p, i0 + g, 0)..][..4 * NR];
+                    for m in 0..4 {
+                        let q = quant::quantize_each(row(g + m), sc, inv);
+                        for j in 0..lanes {
+                            line[4 * j + m] = q[j] as u8 ^ 0x80;
+                        }
+                    }
+                }
+                let at = sub_block_index(self.kp, self.sh.sub, p, s);
+                self.scales[at..at + lanes].copy_from_slice(&sc[..lanes]);
+            }
+        }
+        self.next_row = k;
     }
 
     /// Column `c` whole (`k` values), quantized unit by unit.

@@ -101,6 +101,27 @@ impl PackedMatrix {
         m
     }
 
+    /// The same `[K, N]` matrix held as `ty`: its values widened (this matrix's bits, so from an f32
+    /// matrix exactly what packing the original values as `ty` gives), row by row: the widened
+    /// matrix never exists whole.
+    pub fn converted(&self, ty: WeightType) -> PackedMatrix {
+        let mut m = PackedMatrix::zeros(self.k, self.n, ty);
+        if let (Storage::F32(d), Storage::Ints(w)) = (&self.data, &mut m.data) {
+            if ty == WeightType::W8A8 {
+                w.set_w8a8_panels(d, self.k, self.n);
+                return m;
+            }
+        }
+        let mut row = vec![0.0f32; self.n];
+        for i in 0..self.k {
+            for (p, dst) in row.chunks_mut(NR).enumerate() {
+                dst.copy_from_slice(&self.panel_row(p, i)[..dst.len()]);
+            }
+            m.set_row(i, &row);
+        }
+        m
+    }
+
     /// The bytes a `[K, N]` matrix of type `ty` holds (what [`PackedMatrix::bytes`] reports once
     /// it exists), without making it.
     pub fn bytes_of(k: usize, n: usize, ty: WeightType) -> usize {

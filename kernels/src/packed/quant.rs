@@ -13,6 +13,19 @@ pub(crate) fn quantize(x: f32, s: f32) -> i8 {
     }
 }
 
+/// [`quantize`] of `N` values, each by its own scale: the same integers, with one division per
+/// scale rather than per value (`inv[j]` is `1 / s[j]`, see [`inverses`]), so it vectorizes.
+#[inline(always)]
+pub(crate) fn quantize_each<const N: usize>(x: [f32; N], s: [f32; N], inv: [f32; N]) -> [i8; N] {
+    std::array::from_fn(|j| if s[j] == 0.0 { 0 } else { quantize_by(x[j], inv[j]) })
+}
+
+/// The `1 / s` [`quantize_each`] takes (0 where `s` is 0, never read).
+#[inline(always)]
+pub(crate) fn inverses<const N: usize>(s: [f32; N]) -> [f32; N] {
+    s.map(|s| if s == 0.0 { 0.0 } else { 1.0 / s })
+}
+
 /// [`quantize`] given `inv = 1/s` for a nonzero `s`, in integer steps that vectorize:
 /// `x · inv + 1.5·2²³` rounds to an integer half to even, which then sits in the low mantissa bits.
 #[inline(always)]
@@ -35,4 +48,15 @@ pub(crate) fn quantize_by(x: f32, inv: f32) -> i8 {
 #[inline(always)]
 pub(crate) fn scale_of(amax: f32) -> f32 {
     amax / 127.0
+}
+
+/// W8A8's rule for one block of weights `x` into `q`: the scale of their largest magnitude,
+/// returned, and each weight quantized by it.
+#[inline(always)]
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    let s = scale_of(x.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = quantize(v, s);
+    }
+    s
 }
