@@ -21,10 +21,12 @@ fn an_f32_matrix_converted_holds_what_packing_its_values_as_the_type_holds() {
         [WeightType::W8A8, WeightType::Q8, WeightType::F16, WeightType::Bf16, WeightType::Q8_0, WeightType::Q4_0];
     for &(k, n) in &[(1usize, 1usize), (31, 17), (32, 16), (33, 47), (64, 48), (100, 70), (257, 131)] {
         let mut w = Gen((k * 1000 + n) as u64).vec(k * n);
-        // Column 3's first block all zero (a zero scale); column 5 with a NaN and an infinity.
+        // Column 3's first block all zero (a zero scale); column 5 with a NaN, an infinity and -0, column
+        // 6 with -infinity.
         (0..k.min(32)).for_each(|i| w[i * n + 3.min(n - 1)] = 0.0);
         if n > 5 && k > 2 {
-            (w[5], w[n + 5], w[2 * n + 5]) = (f32::NAN, f32::INFINITY, -7.5);
+            (w[5], w[n + 5], w[2 * n + 5]) = (f32::NAN, f32::INFINITY, -0.0);
+            w[6] = f32::NEG_INFINITY;
         }
         let f32s = PackedMatrix::pack(&w, k, n, WeightType::F32);
         for ty in types {

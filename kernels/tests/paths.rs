@@ -238,7 +238,8 @@ fn vocabulary_projection_and_embedding_columns_every_type_and_path() {
     // wteᵀ [C, V] in panels: the projection against the reference on the widened matrix, a
     // column (a token's embedding) equal to the widened column, and a matrix streamed in column
     // blocks (as the loader does) equal to one packed at once.
-    for &(t, k, n) in &[(1usize, 768usize, 50257usize), (3, 64, 50257), (2, 0, 40), (0, 7, 17)] {
+    for &(t, k, n) in &[(1usize, 768usize, 50257usize), (3, 64, 50257), (2, 0, 40), (2, 0, 48), (9, 0, 100), (0, 7, 17)]
+    {
         let mut g = Gen((t + k * 3 + n) as u64);
         let (inp, w) = (g.vec(t * k), g.vec(k * n));
         let zero = vec![0.0; n];

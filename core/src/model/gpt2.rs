@@ -166,8 +166,12 @@ impl Model {
     /// The same model with its matrices held as `dtype` (`--draft self:w8a8`'s copy), converted
     /// from the matrices this one holds, without reading the file again: when they are all f32
     /// they hold the file's values exactly, and the copy is the model loading the file as `dtype`
-    /// gives, byte for byte (the same fingerprint). None when a matrix is held otherwise.
+    /// gives, byte for byte (the same fingerprint). None when a matrix is held otherwise, and for
+    /// llama.cpp's block types (a GGUF of the type keeps its own blocks when loaded as it).
     pub fn held_as(&self, dtype: WeightType) -> Option<Model> {
+        if dtype.ggml_block().is_some() {
+            return None;
+        }
         let f32s = |m: &PackedMatrix| m.weight_type() == WeightType::F32;
         let convs = |b: &Block| [&b.c_attn, &b.attn_c_proj, &b.c_fc, &b.mlp_c_proj].map(|c| f32s(&c.weight));
         if !f32s(&self.wte) || !self.h.iter().all(|b| convs(b).iter().all(|&f| f)) {

@@ -29,24 +29,33 @@ impl<S> Copy for Job<'_, S> {}
 
 /// Which weight rows a pass asks to be brought into cache ahead of its own (a hint, where the lanes
 /// take it): each panel's row `i + rows` at the pass's step `i`, on the steps `i % every == phase`
-/// (so `every` passes over the same panels share the work); past the reduction's end, the next
-/// panel group's first rows. `rows == 0`: none.
+/// (so `every` passes over the same panels share the work); past the reduction's end, with
+/// `wrap`, the next panel group's first rows (when that group is the same task's). `rows == 0`:
+/// none.
 #[derive(Clone, Copy)]
 pub(crate) struct Ahead {
     pub(crate) rows: usize,
     pub(crate) every: usize,
     pub(crate) phase: usize,
+    pub(crate) wrap: bool,
 }
 
 impl Ahead {
-    pub(crate) const NONE: Ahead = Ahead { rows: 0, every: 1, phase: 0 };
+    pub(crate) const NONE: Ahead = Ahead { rows: 0, every: 1, phase: 0, wrap: false };
+
+    /// A chunked pass's (AVX2's few-row pairs): the next chunk, pass `phase` of `every` taking its
+    /// share; `wrap` when the next panel group is the same task's.
+    fn chunk(every: usize, phase: usize, wrap: bool) -> Ahead {
+        Ahead { rows: CHUNK, every, phase, wrap }
+    }
 }
 
 /// A register tile: rows `r0..r0+R` of the activations against panel `p`, reduction rows
 /// `kc0..kc1`. Implementations differ only in how they spell the same FMA chains.
 pub(crate) trait TileKernel {
-    /// Up to this many rows take the few-rows path ([`TileKernel::few`], whole-reduction passes
-    /// over groups of panels); more take `MR`-row tiles over `KC` blocks.
+    /// Up to this many rows take the few-rows path ([`TileKernel::few`], passes over groups of
+    /// panels, by chunks of the reduction where several passes share them); more take `MR`-row
+    /// tiles over `KC` blocks.
     const FEW_ROWS: usize = 16;
 
     /// One activation row (decode) against panels `p0..p1`, over the whole reduction.
@@ -73,9 +82,12 @@ pub(crate) trait TileKernel {
     }
 
     /// As [`TileKernel::wide`] over reduction rows `kc.0..kc.1` only (continuing the FMA chains
-    /// stored in `out` unless `kc.0 == 0`, adding the bias after the last), asking for each
-    /// panel's rows `ahead` rows on to be brought into cache (a hint, where the lanes take it;
-    /// 0: none).
+    /// stored in `out` unless `kc.0 == 0`, adding the bias after the last), asking for the weight
+    /// rows [`Ahead`] names to be brought into cache (a hint, where the lanes take it).
+    ///
+    /// # Safety
+    /// As [`TileKernel::wide`], with `kc.0 <= kc.1 <= k`; when `kc.0 > 0`, rows `r0..r0+R` of
+    /// `out` in these panels hold this pass's sums over reduction rows `0..kc.0`.
     #[inline(always)]
     unsafe fn span<S: Source, const R: usize, const G: usize>(
         j: &Job<S>,
@@ -118,6 +130,18 @@ impl TileKernel for Portable {
 /// memory runs under all the passes' arithmetic, not only under the first pass's.
 const CHUNK: usize = 64;
 
+/// The reduction's chunks `(kc0, kc1)`: at least one, `(0, 0)`, for an empty reduction (whose
+/// outputs are the bias).
+fn chunks(k: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..k.max(1)).step_by(CHUNK).map(move |c| (c, (c + CHUNK).min(k)))
+}
+
+/// Whether panels `p+g..p+2g` are a whole group of the same task (`..p1`): where a chunked pass's
+/// prefetches may run on past its own group's end.
+fn whole_group_after<S>(j: &Job<S>, p: usize, g: usize, p1: usize) -> bool {
+    p + 2 * g <= p1 && (p + 2 * g) * NR <= j.n
+}
+
 /// The few-rows path two rows at a time: three panels per pass over each chunk of the reduction,
 /// so three weight streams are in flight; the other rows find the chunk in cache.
 #[inline(always)]
@@ -125,19 +149,16 @@ unsafe fn few_pairs<T: TileKernel + ?Sized, S: Source>(j: &Job<S>, p0: usize, p1
     let Job { t, k, n, .. } = *j;
     let mut p = p0;
     while p + 3 <= p1 && (p + 3) * NR <= n {
-        let mut kc0 = 0;
-        while kc0 < k {
-            let kc = (kc0, (kc0 + CHUNK).min(k));
-            let passes = t.div_ceil(2);
+        let (passes, wrap) = (t.div_ceil(2), whole_group_after(j, p, 3, p1));
+        for kc in chunks(k) {
             let mut r = 0;
             while r + 2 <= t {
-                T::span::<S, 2, 3>(j, p, r, kc, Ahead { rows: CHUNK, every: passes, phase: r / 2 });
+                T::span::<S, 2, 3>(j, p, r, kc, Ahead::chunk(passes, r / 2, wrap));
                 r += 2;
             }
             if r < t {
-                T::span::<S, 1, 3>(j, p, r, kc, Ahead { rows: CHUNK, every: passes, phase: r / 2 });
+                T::span::<S, 1, 3>(j, p, r, kc, Ahead::chunk(passes, r / 2, wrap));
             }
-            kc0 = kc.1;
         }
         p += 3;
     }
@@ -257,7 +278,7 @@ impl<L: Lanes> TileKernel for Simd<L> {
     unsafe fn wide<S: Source, const R: usize, const G: usize>(j: &Job<S>, p: usize, r0: usize) {
         let Job { k, .. } = *j;
         let rows = if L::PREFETCH { PREFETCH } else { 0 };
-        Self::span::<S, R, G>(j, p, r0, (0, k), Ahead { rows, every: 1, phase: 0 })
+        Self::span::<S, R, G>(j, p, r0, (0, k), Ahead { rows, ..Ahead::NONE })
     }
 
     #[inline(always)]
@@ -280,9 +301,15 @@ impl<L: Lanes> TileKernel for Simd<L> {
         let a_ptr: [*const f32; R] = std::array::from_fn(|r| inp[(r0 + r) * k..(r0 + r + 1) * k].as_ptr());
         for i in kc0..kc1 {
             if ahead.rows > 0 && i % ahead.every == ahead.phase {
-                let (next, row) = if i + ahead.rows < k { (p, i + ahead.rows) } else { (p + G, i + ahead.rows - k) };
-                for q in 0..G {
-                    src.prefetch(next + q, row);
+                let at = if i + ahead.rows < k {
+                    Some((p, i + ahead.rows))
+                } else {
+                    ahead.wrap.then(|| (p + G, i + ahead.rows - k))
+                };
+                if let Some((next, row)) = at {
+                    for q in 0..G {
+                        src.prefetch(next + q, row);
+                    }
                 }
             }
             // SAFETY (caller): i < k and row r0+r holds k elements from a_ptr[r].

@@ -11,7 +11,8 @@ pub(crate) trait Lanes: Copy {
     /// Broadcast the R activations first, then stream the panels (fewer registers for the
     /// weights: AVX2's 16), or load the G panel rows first (AVX-512's 32 hold them).
     const BROADCAST_FIRST: bool;
-    /// Prefetch the weight streams ahead in the wide passes (decode and the few-rows path).
+    /// Prefetch the weight streams ahead in the whole-reduction wide passes (decode, and the
+    /// few-rows path's single passes); chunked passes always prefetch the next chunk.
     const PREFETCH: bool;
     /// Up to how many rows the few-rows path runs (see `gemm`'s `TileKernel::FEW_ROWS`).
     const FEW_ROWS: usize;

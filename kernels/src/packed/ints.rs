@@ -235,7 +235,7 @@ impl Ints {
                 // quant::quantize_block's rule, the block's 16 columns at once.
                 let mut amax = [0.0f32; NR];
                 for ii in 0..rows {
-                    amax.iter_mut().zip(row(ii)).for_each(|(m, v)| *m = m.max(v.abs()));
+                    amax.iter_mut().zip(row(ii)).for_each(|(m, v)| *m = quant::larger_magnitude(*m, v));
                 }
                 let sc = amax.map(quant::scale_of);
                 let inv = quant::inverses(sc);

@@ -6,11 +6,7 @@
 /// llama.cpp's, rather than a division per element.)
 #[inline(always)]
 pub(crate) fn quantize(x: f32, s: f32) -> i8 {
-    if s == 0.0 {
-        0
-    } else {
-        quantize_by(x, 1.0 / s)
-    }
+    quantize_each([x], [s], inverses([s]))[0]
 }
 
 /// [`quantize`] of `N` values, each by its own scale: the same integers, with one division per
@@ -20,7 +16,7 @@ pub(crate) fn quantize_each<const N: usize>(x: [f32; N], s: [f32; N], inv: [f32;
     std::array::from_fn(|j| if s[j] == 0.0 { 0 } else { quantize_by(x[j], inv[j]) })
 }
 
-/// The `1 / s` [`quantize_each`] takes (0 where `s` is 0, never read).
+/// The `1 / s` [`quantize_each`] takes (0 where `s` is 0: never used).
 #[inline(always)]
 pub(crate) fn inverses<const N: usize>(s: [f32; N]) -> [f32; N] {
     s.map(|s| if s == 0.0 { 0.0 } else { 1.0 / s })
@@ -54,9 +50,16 @@ pub(crate) fn scale_of(amax: f32) -> f32 {
 /// returned, and each weight quantized by it.
 #[inline(always)]
 pub(crate) fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
-    let s = scale_of(x.iter().fold(0.0f32, |m, v| m.max(v.abs())));
+    let s = scale_of(x.iter().fold(0.0f32, |m, &v| larger_magnitude(m, v)));
     for (q, &v) in q.iter_mut().zip(x) {
         *q = quantize(v, s);
     }
     s
+}
+
+/// The running largest magnitude `m` with `v` seen (a NaN is passed over): what a block's scale
+/// is of.
+#[inline(always)]
+pub(crate) fn larger_magnitude(m: f32, v: f32) -> f32 {
+    m.max(v.abs())
 }
