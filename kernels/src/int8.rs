@@ -184,7 +184,7 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
     let mut acc = [[L::F::zero(); R]; G]; // [panel][row]
     for s in 0..kp / sub {
         let (i0, b) = (s * sub, s * sub / W8_BLOCK);
-        if R == 1 {
+        if r0 == 0 {
             prefetch_ahead::<G, FOUR>(w, p, s);
         }
         let mut asum = [0i32; R];
@@ -254,9 +254,10 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
     }
 }
 
-/// Sub-blocks ahead that a one-row tile asks for (a decode step, a draft's step): the integer
-/// lines and the scales (and minimums) of its panels' block `s + AHEAD_BLOCKS`, or past the
-/// panels' end the next group's first blocks. Measured (AMD EPYC Zen 5 class, 2 threads,
+/// Sub-blocks ahead that a group's first pass (the tile of rows from 0: a decode step, a draft's
+/// step, a batch's first rows) asks for: the integer lines and the scales (and minimums) of its
+/// panels' block `s + AHEAD_BLOCKS`, or past the panels' end the next group's first blocks; later
+/// passes over the group find it in cache. Measured (AMD EPYC Zen 5 class, 2 threads,
 /// `generate --draft self:w8a8 -n 256`, three interleaved pairs): drafted decode 775–876 →
 /// 577–590 ms on AVX-512 and 933–993 → 702–752 on AVX2; the hardware's prefetchers do not keep up
 /// with a panel's short streams (12 KiB of integers and 1.5 KiB of scales for K = 768).
