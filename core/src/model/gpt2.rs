@@ -117,14 +117,21 @@ impl Model {
             },
         );
         let (wte, h) = (wte?, h?);
-        // What the model is called held as: its blocks' type (a GGUF's file type names the same).
+        let wpe = ck.tensor(names::WPE, &[config.n_positions, c])?;
+        let ln_f = LayerNorm::load(&ck, names::LN_F, c)?;
+        Ok(Model::assemble(config, wte, wpe, h, ln_f))
+    }
+
+    /// The model of these tensors, as loading makes it: named by its blocks' held type (a GGUF's
+    /// file type names the same), the detected instruction set, the default K/V, its fingerprint.
+    fn assemble(config: Config, wte: PackedMatrix, wpe: Vec<f32>, h: Vec<Block>, ln_f: LayerNorm) -> Model {
         let dtype = h.first().map_or(wte.weight_type(), |b: &Block| b.c_fc.weight.weight_type());
         let mut model = Model {
             wte,
-            no_bias: vec![0.0; v],
-            wpe: ck.tensor(names::WPE, &[config.n_positions, c])?,
+            no_bias: vec![0.0; config.vocab_size],
+            wpe,
             h,
-            ln_f: LayerNorm::load(&ck, names::LN_F, c)?,
+            ln_f,
             dtype,
             isa: Isa::detect(),
             kv: KvSpec::default(),
@@ -132,7 +139,7 @@ impl Model {
             config,
         };
         model.fingerprint = fingerprint::of(&model.config, &model.parts());
-        Ok(model)
+        model
     }
 
     /// A hash of every byte of every weight as held, with the config's numbers: equal for two
@@ -166,15 +173,12 @@ impl Model {
     /// The same model with its matrices held as `dtype` (`--draft self:w8a8`'s copy), converted
     /// from the matrices this one holds, without reading the file again: when they are all f32
     /// they hold the file's values exactly, and the copy is the model loading the file as `dtype`
-    /// gives, byte for byte (the same fingerprint). None when a matrix is held otherwise, and for
-    /// llama.cpp's block types (a GGUF of the type keeps its own blocks when loaded as it).
+    /// gives, byte for byte (the same fingerprint; the detected instruction set, as loading
+    /// gives). None when a matrix is held otherwise, and for llama.cpp's block types (a GGUF of
+    /// the type keeps its own blocks when loaded as it).
     pub fn held_as(&self, dtype: WeightType) -> Option<Model> {
-        if dtype.ggml_block().is_some() {
-            return None;
-        }
-        let f32s = |m: &PackedMatrix| m.weight_type() == WeightType::F32;
-        let convs = |b: &Block| [&b.c_attn, &b.attn_c_proj, &b.c_fc, &b.mlp_c_proj].map(|c| f32s(&c.weight));
-        if !f32s(&self.wte) || !self.h.iter().all(|b| convs(b).iter().all(|&f| f)) {
+        let f32 = |p: &Part| !matches!(p, Part::Matrix(m) if m.weight_type() != WeightType::F32);
+        if dtype.ggml_block().is_some() || !self.parts().iter().all(f32) {
             return None;
         }
         let conv = |c: &Conv1D| Conv1D { weight: c.weight.converted(dtype), bias: c.bias.clone() };
@@ -194,20 +198,7 @@ impl Model {
                     .collect()
             },
         );
-        let mut model = Model {
-            config: self.config.clone(),
-            wte,
-            wpe: self.wpe.clone(),
-            no_bias: self.no_bias.clone(),
-            h,
-            ln_f: self.ln_f.clone(),
-            dtype,
-            isa: self.isa,
-            kv: KvSpec::default(),
-            fingerprint: Fingerprint([0; 32]),
-        };
-        model.fingerprint = fingerprint::of(&model.config, &model.parts());
-        Some(model)
+        Some(Model::assemble(self.config.clone(), wte, self.wpe.clone(), h, self.ln_f.clone()))
     }
 
     /// The same model running another compiled copy of the kernels (for tests and benchmarks).

@@ -23,7 +23,7 @@ pub(crate) struct Sub {
 }
 
 impl Sub {
-    pub(crate) const ZERO: Sub = Sub { q: [0; 32], scale: 0.0, min: 0.0 };
+    const ZERO: Sub = Sub { q: [0; 32], scale: 0.0, min: 0.0 };
 }
 
 /// Elements per ggml super-block (the k-quants).

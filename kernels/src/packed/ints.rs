@@ -173,26 +173,7 @@ impl Ints {
 
     /// Quantizes column `c`'s rows `u0..u0 + len` (`w(ii)` for `ii < len`), one unit, zero-padded.
     fn quantize_unit(&mut self, c: usize, u0: usize, len: usize, w: impl Fn(usize) -> f32) {
-        // A unit of 32 on small arrays: zeroing a k-quant's 256 (and its 16 sub-blocks) for each
-        // of W8A8's units took most of a conversion's time.
-        if self.sh.unit <= 32 {
-            let (mut x, mut subs) = ([0.0f32; 32], [ggml::Sub::ZERO; 2]);
-            return self.quantize_in(c, u0, len, w, &mut x, &mut subs);
-        }
         let (mut x, mut subs) = ([0.0f32; ggml::QK_K], ggml::NO_SUBS);
-        self.quantize_in(c, u0, len, w, &mut x, &mut subs)
-    }
-
-    /// [`Ints::quantize_unit`] on buffers `x` and `subs` at least a unit long.
-    fn quantize_in(
-        &mut self,
-        c: usize,
-        u0: usize,
-        len: usize,
-        w: impl Fn(usize) -> f32,
-        x: &mut [f32],
-        subs: &mut [Sub],
-    ) {
         let (x, subs) = (&mut x[..self.sh.unit], &mut subs[..self.sh.unit / self.sh.sub]);
         x[..len].iter_mut().enumerate().for_each(|(ii, v)| *v = w(ii));
         ggml::quantize(self.ty, x, subs);
