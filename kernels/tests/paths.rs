@@ -34,7 +34,7 @@ fn run_matmul(isa: Isa, t: usize, k: usize, n: usize, g: &mut Gen) -> (Vec<f32>,
 
 #[test]
 fn matmul_every_path_on_awkward_shapes() {
-    for &t in &[1usize, 3, 4, 5, 9] {
+    for &t in &[1usize, 3, 4, 5, 9, 17, 64, 65] {
         for &k in &AWKWARD {
             for &n in &AWKWARD {
                 let reference = run_matmul(Isa::scalar(), t, k, n, &mut Gen(7)).0;
