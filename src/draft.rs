@@ -26,8 +26,9 @@ pub struct DraftArgs {
     pub draft_dtype: Dtype,
     /// Draft at most K tokens a step; how many is chosen each step from how often drafts were
     /// accepted and what a verify row and a drafted token cost (timed when the draft loads),
-    /// none when drafting does not pay.
-    #[arg(long, value_name = "K", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=32))]
+    /// none when drafting does not pay. 16 by default: a well-accepted self draft pays up to
+    /// there (DESIGN.md, "Speculation, honestly timed").
+    #[arg(long, value_name = "K", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=32))]
     pub draft_max: u16,
     /// Draft at least K tokens a step, whatever the costs say (llama.cpp's --draft-min; K =
     /// --draft-max drafts that many every step).

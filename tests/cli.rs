@@ -375,7 +375,7 @@ fn generate_with_a_draft_gives_the_reference_text_and_reports_the_drafts() {
         (&["--draft", "self:f64"][..], "--draft \"self:f64\": the kinds are lookup, self:w8a8 and self:q8"),
         (&["--draft", "lookup", "--no-cache"], "--draft needs the KV cache"),
         (&["--draft-model", "/nonexistent/model"], "/nonexistent/model"),
-        (&["--draft", "lookup", "--draft-min", "9"], "--draft-min 9 is more than --draft-max 8"),
+        (&["--draft", "lookup", "--draft-min", "17"], "--draft-min 17 is more than --draft-max 16"),
     ] {
         let mut a = vec!["generate", "x", "--model", &m];
         a.extend_from_slice(args);
