@@ -254,22 +254,24 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
     }
 }
 
-/// Sub-blocks ahead that a group's first pass (the tile of rows from 0: a decode step, a draft's
-/// step, a batch's first rows) asks for: the integer lines and the scales (and minimums) of its
-/// panels' block `s + AHEAD_BLOCKS`, or past the panels' end the next group's first blocks; later
-/// passes over the group find it in cache. Measured (AMD EPYC Zen 5 class, 2 threads,
-/// `generate --draft self:w8a8 -n 256`, three interleaved pairs): drafted decode 775–876 →
-/// 577–590 ms on AVX-512 and 933–993 → 702–752 on AVX2; the hardware's prefetchers do not keep up
-/// with a panel's short streams (12 KiB of integers and 1.5 KiB of scales for K = 768).
-const AHEAD_BLOCKS: usize = 4;
+/// How far ahead a group's first pass (the tile of rows from 0: a decode step, a draft's step, a
+/// batch's first rows) asks for its panels' sub-blocks, counted over the group's `G` panels
+/// together: `AHEAD / G` sub-blocks ahead in each (at most a panel's blocks), so about the same
+/// bytes in flight whatever the tile's width. It asks for the integer lines and the scales (and
+/// minimums) of block `s + AHEAD / G`, or past the panels' end the next group's; later passes over
+/// the group find it in cache. The hardware's prefetchers do not keep up with a panel's short
+/// streams (12 KiB of integers and 1.5 KiB of scales for K = 768). Measured: see DESIGN.md, "Few
+/// rows against the roof".
+const AHEAD: usize = 24;
 
-/// Asks for panels `p..p+G`'s sub-block `s + AHEAD_BLOCKS` (see [`AHEAD_BLOCKS`]); a hint, any
+/// Asks for panels `p..p+G`'s sub-block `AHEAD / G` ahead of `s` (see [`AHEAD`]); a hint, any
 /// address allowed.
 #[inline(always)]
 fn prefetch_ahead<const G: usize, const FOUR: bool>(w: &Ints, p: usize, s: usize) {
     let (kp, sub) = (w.kp, w.sh.sub);
     let blocks = kp / sub;
-    let (pp, ss) = if s + AHEAD_BLOCKS < blocks { (p, s + AHEAD_BLOCKS) } else { (p + G, s + AHEAD_BLOCKS - blocks) };
+    let ahead = (AHEAD / G).clamp(1, blocks);
+    let (pp, ss) = if s + ahead < blocks { (p, s + ahead) } else { (p + G, s + ahead - blocks) };
     let line = |q: usize, i: usize| if FOUR { w4_index(kp, pp + q, i, 0).0 } else { w8_index(kp, pp + q, i, 0) };
     for q in 0..G {
         for i in (ss * sub..(ss + 1) * sub).step_by(if FOUR { 8 } else { 4 }) {
