@@ -120,6 +120,19 @@ impl Server {
             .sum()
     }
 
+    /// Waits (up to 10 s) until the metric `name` reaches `at_least` (the engine counts a request
+    /// when it next steps, which may be after the response's end was logged), and returns it.
+    pub fn metric_reaching(&self, name: &str, at_least: f64) -> f64 {
+        let t0 = Instant::now();
+        loop {
+            let v = self.metric(name);
+            if v >= at_least || t0.elapsed() > Duration::from_secs(10) {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits (up to 10 s) until `n` logged lines satisfy `pred`, and returns them.
     pub fn log_lines(&self, n: usize, pred: impl Fn(&str) -> bool) -> Vec<String> {
         let t0 = Instant::now();
