@@ -30,9 +30,20 @@ use crate::dispatch::kernels;
 use crate::isa::Isa;
 use crate::lanes::{prefetch, IntLanes, Lanes};
 use crate::packed::{quantize, quantize_by, scale_of, sub_block_index, w4_index, w8_index, Ints, NR, W8_BLOCK};
+use crate::par::PAR_MIN_WORK;
+use rayon::prelude::*;
 
 kernels! {
     [] fn quantize_row(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x: &[f32]) = quantize_row_body, quantize_row_body;
+    [] fn takes_abs() -> bool = lanes_take_abs::<L>, no_abs;
+}
+
+fn lanes_take_abs<L: Lanes>() -> bool {
+    L::Int::TAKES_ABS
+}
+
+fn no_abs() -> bool {
+    false
 }
 
 /// Activation rows per sum: the smallest sub-block (Q6_K's).
@@ -44,6 +55,8 @@ const HALF: usize = 16;
 pub struct QuantizedActs {
     /// `[T, KP]` int8 values.
     pub(crate) q: Vec<i8>,
+    /// `[T, KP]`: the int8 values' absolute values (AVX2's products take them).
+    pub(crate) abs: Vec<i8>,
     /// `[T, KP / 32]` scales.
     pub(crate) s: Vec<f32>,
     /// `[T, KP / 16]`: the sum of each 16 int8 values (for the minimums, and what a dot product
@@ -51,20 +64,41 @@ pub struct QuantizedActs {
     pub(crate) sums: Vec<i32>,
 }
 
+/// One row's index and its parts of [`QuantizedActs`]: values, |values|, scales and sums.
+type RowParts<'a> = (usize, (((&'a mut [i8], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]));
+
 impl QuantizedActs {
-    /// Quantizes `inp[T, K]` per row and block of 32, padding each row to `kp` with zeros.
+    /// Quantizes `inp[T, K]` per row and block of 32, padding each row to `kp` with zeros; the
+    /// rows on every thread where there are many (each row's values are its own, so the same).
     pub(crate) fn fill(&mut self, isa: Isa, inp: &[f32], t: usize, k: usize, kp: usize) {
         let nb = kp / W8_BLOCK;
         self.q.clear();
         self.q.resize(t * kp, 0);
+        // |values| where the products take them; otherwise a placeholder byte a row, so that the
+        // rows zip alike.
+        let abs_row = if takes_abs(isa) { kp } else { 1 };
+        self.abs.clear();
+        self.abs.resize(t * abs_row, 0);
         self.s.clear();
         self.s.resize(t * nb, 0.0);
         self.sums.clear();
         self.sums.resize(t * 2 * nb, 0);
-        for r in 0..t {
-            let (q, s, sums) =
-                (&mut self.q[r * kp..][..kp], &mut self.s[r * nb..][..nb], &mut self.sums[r * 2 * nb..][..2 * nb]);
+        if kp == 0 {
+            return;
+        }
+        let Self { q, abs, s, sums } = self;
+        let one = |(r, (((q, abs), s), sums)): RowParts| {
             quantize_row(isa, q, s, sums, &inp[r * k..(r + 1) * k]);
+            if abs.len() == kp {
+                abs.iter_mut().zip(q.iter()).for_each(|(a, v)| *a = v.abs());
+            }
+        };
+        if t * k >= PAR_MIN_WORK && rayon::current_num_threads() > 1 {
+            let rows = q.par_chunks_mut(kp).zip(abs.par_chunks_mut(abs_row)).zip(s.par_chunks_mut(nb));
+            rows.zip(sums.par_chunks_mut(2 * nb)).enumerate().for_each(one);
+        } else {
+            let rows = q.chunks_mut(kp).zip(abs.chunks_mut(abs_row)).zip(s.chunks_mut(nb));
+            rows.zip(sums.chunks_mut(2 * nb)).enumerate().for_each(one);
         }
     }
 }
@@ -221,7 +255,10 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
                     *wgq = L::load_w(wq.add(w8_index(kp, p + q, i, 0)));
                 }
                 for r in 0..R {
-                    let x = L::prep((aq.add((r0 + r) * kp + i) as *const i32).read_unaligned());
+                    let at = (r0 + r) * kp + i;
+                    // (`a.abs` is filled where the lanes take it, and empty otherwise.)
+                    let abs4 = if L::TAKES_ABS { (a.abs.as_ptr().add(at) as *const i32).read_unaligned() } else { 0 };
+                    let x = L::prep_abs((aq.add(at) as *const i32).read_unaligned(), abs4);
                     for (sq, &wgq) in isum.iter_mut().zip(&wg) {
                         sq[r] = L::dot4(sq[r], x, wgq);
                     }

@@ -327,6 +327,8 @@ fn w8a8_every_path_equals_its_definition_and_stays_close_to_f32() {
             (1, 3072, 768),
             (8, 768, 3072),
             (13, 3072, 768),
+            (96, 768, 96), // t·k past PAR_MIN_WORK: the activations quantized on every thread
+            (85, 790, 33), // and with rows padded (K = 790 in 800)
             (2, 0, 40),
             (0, 7, 17),
         ])

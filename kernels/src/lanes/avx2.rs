@@ -95,6 +95,8 @@ impl IntLanes for Yi {
     type A = (__m256i, __m256i);
     type W = (__m256i, __m256i);
     const WIDE: bool = false;
+    /// |a| comes with the activations (one instruction less for every row and group of four).
+    const TAKES_ABS: bool = true;
     #[inline(always)]
     unsafe fn start(_corr: i32) -> Yi {
         Yi(_mm256_setzero_si256(), _mm256_setzero_si256())
@@ -107,6 +109,10 @@ impl IntLanes for Yi {
     unsafe fn prep(a4: i32) -> Self::A {
         let a = _mm256_set1_epi32(a4);
         (_mm256_abs_epi8(a), a)
+    }
+    #[inline(always)]
+    unsafe fn prep_abs(a4: i32, abs4: i32) -> Self::A {
+        (_mm256_set1_epi32(abs4), _mm256_set1_epi32(a4))
     }
     #[inline(always)]
     unsafe fn load_w(p: *const u8) -> Self::W {

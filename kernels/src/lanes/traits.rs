@@ -50,6 +50,15 @@ pub(crate) trait IntLanes: Copy {
     /// registers), or 2 rows × 1 panel and 2 panels (AVX2's 16).
     const WIDE: bool;
     unsafe fn prep(a4: i32) -> Self::A;
+    /// Whether the products take the activations' absolute values ([`IntLanes::prep_abs`]'s
+    /// `abs4`), kept beside them when they are quantized.
+    const TAKES_ABS: bool = false;
+    /// As [`IntLanes::prep`], given also the four bytes' absolute values (`abs4`) where
+    /// [`IntLanes::TAKES_ABS`] (0 otherwise).
+    #[inline(always)]
+    unsafe fn prep_abs(a4: i32, _abs4: i32) -> Self::A {
+        Self::prep(a4)
+    }
     unsafe fn load_w(p: *const u8) -> Self::W;
     /// One 64-byte line of a 4-bit panel: the low nibbles (rows `8g..8g+4`) and the high ones
     /// (`8g+4..8g+8`), each as unsigned bytes 0..15 for [`IntLanes::dot4u`].
