@@ -115,14 +115,16 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x
             let blk: &[f32; W8_BLOCK] = blk.try_into().expect("a whole block");
             // (`if a > m` rather than `f32::max`, whose NaN rule keeps it scalar; the values
             // are finite, so both give the same maximum.)
-            let mut m = [0.0f32; 16];
-            for h in blk.chunks_exact(16) {
+            let mut m = [0.0f32; 8];
+            for h in blk.chunks_exact(8) {
                 for (ml, v) in m.iter_mut().zip(h) {
                     let a = v.abs();
                     *ml = if a > *ml { a } else { *ml };
                 }
             }
-            let sc = scale_of(m.iter().fold(0.0f32, |a, &v| if v > a { v } else { a }));
+            let m = std::array::from_fn::<f32, 4, _>(|j| if m[j + 4] > m[j] { m[j + 4] } else { m[j] });
+            let m = [if m[2] > m[0] { m[2] } else { m[0] }, if m[3] > m[1] { m[3] } else { m[1] }];
+            let sc = scale_of(if m[1] > m[0] { m[1] } else { m[0] });
             let mut qs = [0i8; W8_BLOCK];
             if sc != 0.0 {
                 let inv = 1.0 / sc;
