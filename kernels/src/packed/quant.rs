@@ -30,10 +30,10 @@ pub(crate) fn quantize_by(x: f32, inv: f32) -> i8 {
     let q = x * inv;
     let y = q + MAGIC;
     // |q| < 2^22 keeps y in [2^23, 2^24), where one ulp is 1; beyond that the clamp holds.
-    // Computed on both sides and selected (`&`, not `&&`), so that a block of them vectorizes.
+    // Both sides computed, then selected, so that a block of them vectorizes.
     let rounded = (y.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
     let saturated = if q > 0.0 { 127 } else { -127 };
-    let v = if (y >= MAGIC * 0.5) & (y < MAGIC * 2.0) { rounded } else { saturated };
+    let v = if (MAGIC * 0.5..MAGIC * 2.0).contains(&y) { rounded } else { saturated };
     v.clamp(-127, 127) as i8
 }
 
