@@ -104,9 +104,9 @@ fn bench_with_a_draft_puts_a_drafted_row_beside_each_plain_one() {
         assert_eq!(drafted["gen_tokens"], 12);
         let acceptance = drafted["acceptance"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&acceptance), "{drafted}");
-        // Each step makes at least one token and at most 1 + the most drafts (8).
+        // Each step makes at least one token and at most 1 + the most drafts (--draft-max's 16).
         let per_step = drafted["tokens_per_step"].as_f64().unwrap();
-        assert!((1.0..=9.0).contains(&per_step), "{drafted}");
+        assert!((1.0..=17.0).contains(&per_step), "{drafted}");
         assert!(drafted["acceptance"].as_f64().unwrap() > 0.0, "--draft-min 2 drafted and int8 agreed: {drafted}");
         assert!(rows.iter().any(|r| r["mode"] == "cached" && r["test"] == "tg12" && r["prompt_tokens"] == prompt));
     }

@@ -55,7 +55,8 @@ const HALF: usize = 16;
 pub struct QuantizedActs {
     /// `[T, KP]` int8 values.
     pub(crate) q: Vec<i8>,
-    /// `[T, KP]`: the int8 values' absolute values (AVX2's products take them).
+    /// `[T, KP]`: the int8 values' absolute values where the lanes take them
+    /// ([`IntLanes::TAKES_ABS`]: AVX2's), or `[T, 1]` zeros (a placeholder) where they do not.
     pub(crate) abs: Vec<i8>,
     /// `[T, KP / 32]` scales.
     pub(crate) s: Vec<f32>,
@@ -76,7 +77,8 @@ impl QuantizedActs {
         self.q.resize(t * kp, 0);
         // |values| where the products take them; otherwise a placeholder byte a row, so that the
         // rows zip alike.
-        let abs_row = if takes_abs(isa) { kp } else { 1 };
+        let with_abs = takes_abs(isa);
+        let abs_row = if with_abs { kp } else { 1 };
         self.abs.clear();
         self.abs.resize(t * abs_row, 0);
         self.s.clear();
@@ -89,7 +91,7 @@ impl QuantizedActs {
         let Self { q, abs, s, sums } = self;
         let one = |(r, (((q, abs), s), sums)): RowParts| {
             quantize_row(isa, q, s, sums, &inp[r * k..(r + 1) * k]);
-            if abs.len() == kp {
+            if with_abs {
                 abs.iter_mut().zip(q.iter()).for_each(|(a, v)| *a = v.abs());
             }
         };
@@ -258,7 +260,9 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
                 }
                 for r in 0..R {
                     let at = (r0 + r) * kp + i;
-                    // (`a.abs` is filled where the lanes take it, and empty otherwise.)
+                    // SAFETY (as above): `a.abs` holds T × KP bytes where the lanes take it
+                    // (`fill` was given this ISA: `matmul_packed` passes one to both; `cols_of`
+                    // checks it in debug builds).
                     let abs4 = if L::TAKES_ABS { (a.abs.as_ptr().add(at) as *const i32).read_unaligned() } else { 0 };
                     let x = L::prep_abs((aq.add(at) as *const i32).read_unaligned(), abs4);
                     for (sq, &wgq) in isum.iter_mut().zip(&wg) {
@@ -309,7 +313,7 @@ const AHEAD: usize = 24;
 fn prefetch_ahead<const G: usize, const FOUR: bool>(w: &Ints, p: usize, s: usize) {
     let (kp, sub) = (w.kp, w.sh.sub);
     let blocks = kp / sub;
-    let ahead = (AHEAD / G).clamp(1, blocks);
+    let ahead = (AHEAD / G).min(blocks).max(1);
     let (pp, ss) = if s + ahead < blocks { (p, s + ahead) } else { (p + G, s + ahead - blocks) };
     let line = |q: usize, i: usize| if FOUR { w4_index(kp, pp + q, i, 0).0 } else { w8_index(kp, pp + q, i, 0) };
     for q in 0..G {
@@ -337,6 +341,7 @@ pub(crate) unsafe fn cols<L: IntLanes>(j: &Job, p0: usize, p1: usize) {
 #[inline(always)]
 unsafe fn cols_of<L: IntLanes, const FOUR: bool>(j: &Job, p0: usize, p1: usize) {
     let Job { t, n, .. } = *j;
+    debug_assert!(!L::TAKES_ABS || j.a.abs.len() == j.a.q.len(), "activations quantized for another ISA");
     let whole = p1.min(n / NR).max(p0);
     let mut p = p0;
     if t == 1 {

@@ -16,9 +16,10 @@ impl Lanes for Y {
     const REGISTERS: usize = 2;
     const BROADCAST_FIRST: bool = true;
     const PREFETCH: bool = false; // 24 rows ahead in whole passes: measured no faster on AVX2
-                                  // Up to 64 rows in two-row passes over chunks: the MR-row tiles at 17–64 rows were 1.03–1.45×
-                                  // slower (kvgpt bench --roofline, AMD EPYC Zen 5 class, AVX2, 2 threads: 17 rows' vocabulary
-                                  // 7.2–7.4 against 5.3 ms, 48 rows' 15.9 against 13.7), the same at 128 and 256, 3% faster at 96.
+    /// Up to 64 rows in two-row passes over chunks: the MR-row tiles at 17–64 rows were
+    /// 1.03–1.45× slower (kvgpt bench --roofline, AMD EPYC Zen 5 class, AVX2, 2 threads: 17 rows'
+    /// vocabulary 7.2–7.4 against 5.3 ms, 48 rows' 15.9 against 13.7), the same at 128 and 256,
+    /// 3% faster at 96.
     const FEW_ROWS: usize = 64;
     type Int = Yi;
     #[inline(always)]
