@@ -260,9 +260,8 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
                 }
                 for r in 0..R {
                     let at = (r0 + r) * kp + i;
-                    // SAFETY (as above): `a.abs` holds T × KP bytes where the lanes take it
-                    // (`fill` was given this ISA: `matmul_packed` passes one to both; `cols_of`
-                    // checks it in debug builds).
+                    // SAFETY (as above): `a.abs` holds T × KP bytes where the lanes take it (`fill`
+                    // got this ISA: `matmul_packed` passes one to both; `cols_of` checks it).
                     let abs4 = if L::TAKES_ABS { (a.abs.as_ptr().add(at) as *const i32).read_unaligned() } else { 0 };
                     let x = L::prep_abs((aq.add(at) as *const i32).read_unaligned(), abs4);
                     for (sq, &wgq) in isum.iter_mut().zip(&wg) {
