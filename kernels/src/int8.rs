@@ -55,8 +55,8 @@ const HALF: usize = 16;
 pub struct QuantizedActs {
     /// `[T, KP]` int8 values.
     pub(crate) q: Vec<i8>,
-    /// `[T, KP]`: the int8 values' absolute values where the lanes take them
-    /// ([`IntLanes::TAKES_ABS`]: AVX2's), or `[T, 1]` zeros (a placeholder) where they do not.
+    /// `[T, KP]`: the int8 values' absolute values where the products take them (byte weights on
+    /// lanes with [`IntLanes::TAKES_ABS`]: AVX2's), or `[T, 1]` zeros (a placeholder) otherwise.
     pub(crate) abs: Vec<i8>,
     /// `[T, KP / 32]` scales.
     pub(crate) s: Vec<f32>,
@@ -69,15 +69,16 @@ pub struct QuantizedActs {
 type RowParts<'a> = (usize, (((&'a mut [i8], &'a mut [i8]), &'a mut [f32]), &'a mut [i32]));
 
 impl QuantizedActs {
-    /// Quantizes `inp[T, K]` per row and block of 32, padding each row to `kp` with zeros; the
-    /// rows on every thread where there are many (each row's values are its own, so the same).
-    pub(crate) fn fill(&mut self, isa: Isa, inp: &[f32], t: usize, k: usize, kp: usize) {
-        let nb = kp / W8_BLOCK;
+    /// Quantizes `inp[T, K]` per row and block of 32 for the products with `w`, padding each row
+    /// to `w.kp` with zeros; the rows on every thread where there are many (each row's values
+    /// are its own, so the same).
+    pub(crate) fn fill(&mut self, isa: Isa, inp: &[f32], t: usize, k: usize, w: &Ints) {
+        let (kp, nb) = (w.kp, w.kp / W8_BLOCK);
         self.q.clear();
         self.q.resize(t * kp, 0);
-        // |values| where the products take them; otherwise a placeholder byte a row, so that the
-        // rows zip alike.
-        let with_abs = takes_abs(isa);
+        // |values| where the products take them (bytes, not nibbles, on lanes that take them);
+        // otherwise a placeholder byte a row, so that the rows zip alike.
+        let with_abs = takes_abs(isa) && !w.sh.four;
         let abs_row = if with_abs { kp } else { 1 };
         self.abs.clear();
         self.abs.resize(t * abs_row, 0);
@@ -115,18 +116,17 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x
         if blk.len() == W8_BLOCK {
             // A whole block, in fixed-size arrays so that it vectorizes.
             let blk: &[f32; W8_BLOCK] = blk.try_into().expect("a whole block");
-            // (`if a > m` rather than `f32::max`, whose NaN rule keeps it scalar; the values
-            // are finite, so both give the same maximum.)
+            // ([`larger`] rather than `f32::max`, whose NaN rule keeps it scalar; the values
+            // are finite, so both give the same maximum. Over 8 lanes: over 16 the compiler
+            // spelled per-lane tests and branches.)
             let mut m = [0.0f32; 8];
             for h in blk.chunks_exact(8) {
                 for (ml, v) in m.iter_mut().zip(h) {
-                    let a = v.abs();
-                    *ml = if a > *ml { a } else { *ml };
+                    *ml = larger(*ml, v.abs());
                 }
             }
-            let m = std::array::from_fn::<f32, 4, _>(|j| if m[j + 4] > m[j] { m[j + 4] } else { m[j] });
-            let m = [if m[2] > m[0] { m[2] } else { m[0] }, if m[3] > m[1] { m[3] } else { m[1] }];
-            let sc = scale_of(if m[1] > m[0] { m[1] } else { m[0] });
+            let m = [larger(m[0], m[4]), larger(m[1], m[5]), larger(m[2], m[6]), larger(m[3], m[7])];
+            let sc = scale_of(larger(larger(m[0], m[2]), larger(m[1], m[3])));
             let mut qs = [0i8; W8_BLOCK];
             if sc != 0.0 {
                 let inv = 1.0 / sc;
@@ -148,6 +148,17 @@ pub(crate) fn quantize_row_body(q: &mut [i8], s: &mut [f32], sums: &mut [i32], x
             cb[0] = qb[..HALF].iter().map(|&v| v as i32).sum::<i32>();
             cb[1] = qb[HALF..].iter().map(|&v| v as i32).sum::<i32>();
         }
+    }
+}
+
+/// The larger of `a` and `b`, `a` where `b` is not larger (a NaN `b` is passed over): a plain
+/// compare and select, which vectorizes where `f32::max`'s NaN rule does not.
+#[inline(always)]
+fn larger(a: f32, b: f32) -> f32 {
+    if b > a {
+        b
+    } else {
+        a
     }
 }
 
@@ -340,7 +351,7 @@ pub(crate) unsafe fn cols<L: IntLanes>(j: &Job, p0: usize, p1: usize) {
 #[inline(always)]
 unsafe fn cols_of<L: IntLanes, const FOUR: bool>(j: &Job, p0: usize, p1: usize) {
     let Job { t, n, .. } = *j;
-    debug_assert!(!L::TAKES_ABS || j.a.abs.len() == j.a.q.len(), "activations quantized for another ISA");
+    debug_assert!(!L::TAKES_ABS || FOUR || j.a.abs.len() == j.a.q.len(), "activations quantized for another ISA");
     let whole = p1.min(n / NR).max(p0);
     let mut p = p0;
     if t == 1 {

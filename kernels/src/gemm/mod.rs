@@ -55,7 +55,7 @@ pub fn matmul_packed(
         return;
     }
     if let Storage::Ints(w8) = &w.data {
-        acts.fill(isa, inp, t, k, w8.kp);
+        acts.fill(isa, inp, t, k, w8);
     }
     let call = Call { out: SendPtr(out.as_mut_ptr()), inp, acts, w, bias, t };
     let run = |p0: usize, p1: usize| {
