@@ -170,8 +170,31 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
     kv: &K,
     h: usize,
 ) {
+    // Two queries' 64 outputs are 8 of AVX-512's 32 registers but all 16 of AVX2's (its loop
+    // spilled them): AVX2 takes the columns in two halves, each output's chain the same.
+    if L::REGISTERS == 1 {
+        pair_part::<L, K, F, 4>(o0, o1, p0, p1, kv, h, 0);
+    } else {
+        pair_part::<L, K, F, 2>(o0, o1, p0, p1, kv, h, 0);
+        pair_part::<L, K, F, 2>(o0, o1, p0, p1, kv, h, 2);
+    }
+}
+
+/// Columns `NR·d0..NR·(d0 + D)` of [`block_sums_pair_as`]: the accumulators in registers from
+/// the first block to the last.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // the pair's arguments and which columns
+unsafe fn pair_part<L: Lanes, K: KvBlocks, F: RowFormat, const D: usize>(
+    o0: &mut [f32],
+    o1: &mut [f32],
+    p0: &[f32],
+    p1: &[f32],
+    kv: &K,
+    h: usize,
+    d0: usize,
+) {
     let (b, w) = (kv.block(), F::words(64));
-    let (mut a0, mut a1) = ([L::zero(); 4], [L::zero(); 4]);
+    let (mut a0, mut a1) = ([L::zero(); D], [L::zero(); D]);
     for (j, c1) in p1.chunks(b).enumerate() {
         let (c0, vh) = (pair_chunk(p0, j, b), kv.v(j, h));
         assert!(vh.len() >= c1.len() * w, "a block holds its rows");
@@ -179,8 +202,8 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
             let (x0, x1) = (L::splat(x0), L::splat(c1[r]));
             // SAFETY: row r of the block's rows holds 64 values (asserted above).
             let v = vh.as_ptr().add(r * w);
-            for d in 0..4 {
-                let vd = F::lanes::<L>(v, NR * d);
+            for d in 0..D {
+                let vd = F::lanes::<L>(v, NR * (d0 + d));
                 a0[d] = L::fma(x0, vd, a0[d]);
                 a1[d] = L::fma(x1, vd, a1[d]);
             }
@@ -191,14 +214,14 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
             // SAFETY: row r < c1.len() holds 64 values (asserted above).
             let v = vh.as_ptr().add(r * w);
             for (d, a) in a1.iter_mut().enumerate() {
-                *a = L::fma(x1, F::lanes::<L>(v, NR * d), *a);
+                *a = L::fma(x1, F::lanes::<L>(v, NR * (d0 + d)), *a);
             }
         }
     }
-    for d in 0..4 {
-        // SAFETY: o0 and o1 hold 64 floats each (checked by the caller).
-        a0[d].store(o0.as_mut_ptr().add(NR * d));
-        a1[d].store(o1.as_mut_ptr().add(NR * d));
+    for d in 0..D {
+        // SAFETY: o0 and o1 hold 64 floats each (checked by the caller), d0 + d < 4.
+        a0[d].store(o0.as_mut_ptr().add(NR * (d0 + d)));
+        a1[d].store(o1.as_mut_ptr().add(NR * (d0 + d)));
     }
 }
 

@@ -79,7 +79,9 @@ unsafe fn block_sums_tile_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32
 
 /// Adds each query's weighted value rows of positions `lo..end` (those it sees; `rows` holds them
 /// from `lo` on) to its output row, queries two at a time as `block_sums_pair_as`: each value
-/// row loaded once for both.
+/// row loaded once for both. Two queries' 64 outputs are 8 registers of AVX-512's 32 but 16 of
+/// AVX2's 16 (the loop spilled them to the stack): AVX2 takes the columns in two halves, each
+/// output's chain the same.
 #[inline(always)]
 unsafe fn sums_span<L: Lanes, F: RowFormat>(
     out: &mut [f32],
@@ -89,49 +91,78 @@ unsafe fn sums_span<L: Lanes, F: RowFormat>(
     lo: usize,
     end: usize,
 ) {
-    let w = F::words(64);
     for r in (0..t.m).step_by(2) {
         let hi0 = end.min(t.n0 + r);
         let hi1 = if r + 1 < t.m { end.min(t.n0 + r + 1) } else { lo };
         if lo >= hi0.max(hi1) {
             continue;
         }
-        assert!(vh.len() >= (hi0.max(hi1) - lo) * w, "a block holds its rows");
+        assert!(vh.len() >= (hi0.max(hi1) - lo) * F::words(64), "a block holds its rows");
         let p0 = &probs[r * t.stride..][lo..hi0.max(lo)];
         let p1 = if r + 1 < t.m { &probs[(r + 1) * t.stride..][lo..hi1.max(lo)] } else { &[][..] };
         // SAFETY: rows r and r + 1 < m of `out` hold 64 floats each (checked by the caller).
         let (o0, o1) = (out.as_mut_ptr().add(r * 64), out.as_mut_ptr().add((r + 1).min(t.m - 1) * 64));
-        let load = |o: *mut f32| [L::load(o), L::load(o.add(NR)), L::load(o.add(2 * NR)), L::load(o.add(3 * NR))];
-        let (mut a0, mut a1) = (load(o0), load(o1));
-        let both = p0.len().min(p1.len());
-        for x in 0..both {
-            let (x0, x1) = (L::splat(p0[x]), L::splat(p1[x]));
-            // SAFETY: row x of the rows holds 64 values (asserted above).
+        let outs = Pair { o0, o1, both: r + 1 < t.m };
+        // SAFETY: the rows hold 64 floats, `vh` the spans' rows (asserted above).
+        if L::REGISTERS == 1 {
+            pair_cols::<L, F, 4>(outs, p0, p1, vh, 0);
+        } else {
+            pair_cols::<L, F, 2>(outs, p0, p1, vh, 0);
+            pair_cols::<L, F, 2>(outs, p0, p1, vh, 2);
+        }
+    }
+}
+
+/// Two queries' output rows (`o1` is `o0` when there is one query: `both` false).
+#[derive(Clone, Copy)]
+struct Pair {
+    o0: *mut f32,
+    o1: *mut f32,
+    both: bool,
+}
+
+/// Columns `NR·d0..NR·(d0 + D)` of [`sums_span`]'s two output rows: loaded, each weighted value
+/// row of `p0` and `p1` added in position order, stored back.
+///
+/// # Safety
+/// `o.o0` and `o.o1` hold 64 floats; `vh` holds `max(p0.len(), p1.len())` rows of 64 values.
+#[inline(always)]
+unsafe fn pair_cols<L: Lanes, F: RowFormat, const D: usize>(o: Pair, p0: &[f32], p1: &[f32], vh: &[f32], d0: usize) {
+    let w = F::words(64);
+    let mut a0 = [L::zero(); D];
+    let mut a1 = [L::zero(); D];
+    for d in 0..D {
+        // SAFETY (caller): columns NR·(d0 + d) + 16 <= 64 of both rows.
+        a0[d] = L::load(o.o0.add(NR * (d0 + d)));
+        a1[d] = L::load(o.o1.add(NR * (d0 + d)));
+    }
+    let both = p0.len().min(p1.len());
+    for x in 0..both {
+        let (x0, x1) = (L::splat(p0[x]), L::splat(p1[x]));
+        // SAFETY (caller): row x of the rows holds 64 values.
+        let v = vh.as_ptr().add(x * w);
+        for d in 0..D {
+            let vd = F::lanes::<L>(v, NR * (d0 + d));
+            a0[d] = L::fma(x0, vd, a0[d]);
+            a1[d] = L::fma(x1, vd, a1[d]);
+        }
+    }
+    // The rows only one of them sees: the last query's own key, or a lone last query's.
+    for (acc, ps) in [(&mut a0, p0), (&mut a1, p1)] {
+        for (x, &pr) in ps.iter().enumerate().skip(both) {
+            let a = L::splat(pr);
+            // SAFETY (caller): as above.
             let v = vh.as_ptr().add(x * w);
-            for d in 0..4 {
-                let vd = F::lanes::<L>(v, NR * d);
-                a0[d] = L::fma(x0, vd, a0[d]);
-                a1[d] = L::fma(x1, vd, a1[d]);
+            for (d, accd) in acc.iter_mut().enumerate() {
+                *accd = L::fma(a, F::lanes::<L>(v, NR * (d0 + d)), *accd);
             }
         }
-        // The rows only one of them sees: the last query's own key, or a lone last query's.
-        for (acc, ps) in [(&mut a0, p0), (&mut a1, p1)] {
-            for (x, &pr) in ps.iter().enumerate().skip(both) {
-                let a = L::splat(pr);
-                // SAFETY: as above.
-                let v = vh.as_ptr().add(x * w);
-                for (d, accd) in acc.iter_mut().enumerate() {
-                    *accd = L::fma(a, F::lanes::<L>(v, NR * d), *accd);
-                }
-            }
-        }
-        for (d, a) in a0.iter().enumerate() {
-            a.store(o0.add(NR * d));
-        }
-        if r + 1 < t.m {
-            for (d, a) in a1.iter().enumerate() {
-                a.store(o1.add(NR * d));
-            }
+    }
+    for d in 0..D {
+        // SAFETY (caller): as the loads.
+        a0[d].store(o.o0.add(NR * (d0 + d)));
+        if o.both {
+            a1[d].store(o.o1.add(NR * (d0 + d)));
         }
     }
 }
