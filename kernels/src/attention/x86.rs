@@ -173,22 +173,19 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
     // Two queries' 64 outputs are 8 of AVX-512's 32 registers but all 16 of AVX2's (its loop
     // spilled them): AVX2 takes the columns in two halves, each output's chain the same.
     if L::REGISTERS == 1 {
-        pair_part::<L, K, F, 4>(o0, o1, p0, p1, kv, h, 0);
+        pair_part::<L, K, F, 4>((o0, o1), (p0, p1), kv, h, 0);
     } else {
-        pair_part::<L, K, F, 2>(o0, o1, p0, p1, kv, h, 0);
-        pair_part::<L, K, F, 2>(o0, o1, p0, p1, kv, h, 2);
+        pair_part::<L, K, F, 2>((&mut *o0, &mut *o1), (p0, p1), kv, h, 0);
+        pair_part::<L, K, F, 2>((o0, o1), (p0, p1), kv, h, 2);
     }
 }
 
 /// Columns `NR·d0..NR·(d0 + D)` of [`block_sums_pair_as`]: the accumulators in registers from
 /// the first block to the last.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)] // the pair's arguments and which columns
 unsafe fn pair_part<L: Lanes, K: KvBlocks, F: RowFormat, const D: usize>(
-    o0: &mut [f32],
-    o1: &mut [f32],
-    p0: &[f32],
-    p1: &[f32],
+    (o0, o1): (&mut [f32], &mut [f32]),
+    (p0, p1): (&[f32], &[f32]),
     kv: &K,
     h: usize,
     d0: usize,
