@@ -315,7 +315,7 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
 /// the group find it in cache. The hardware's prefetchers do not keep up with a panel's short
 /// streams (12 KiB of integers and 1.5 KiB of scales for K = 768). Measured: see DESIGN.md, "Few
 /// rows against the roof".
-const AHEAD: usize = 24;
+const AHEAD: usize = 48;
 
 /// Asks for panels `p..p+G`'s sub-block `AHEAD / G` ahead of `s` (see [`AHEAD`]); a hint, any
 /// address allowed.
