@@ -183,7 +183,7 @@ fn attention_over_typed_kv_is_the_f32_bits_of_the_stored_values_on_every_path() 
             for b in [1, 3, 16, t_max] {
                 let paged = Paged::of(&k, &v, (nh, hs, t_max), b, ty, b as u64);
                 for isa in Isa::available() {
-                    for (t, p) in [(33, 0), (5, 7), (1, 16), (1, 39), (20, 11)] {
+                    for (t, p) in [(33, 0), (5, 7), (1, 16), (1, 39), (20, 11), (19, 0)] {
                         let d = AttnDims { t, p, nh, hs, t_max, scale };
                         let qs = &q[p * 3 * c..];
                         let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
@@ -219,7 +219,9 @@ fn attention_over_blocks_is_the_contiguous_bits_whatever_the_block_size_and_plac
         for b in [1, 2, 3, 16, t_max] {
             let paged = Paged::of(&k, &v, (nh, hs, t_max), b, KvType::F32, b as u64);
             for isa in Isa::available() {
-                for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33), (17, 3), (40, 0)] {
+                // (19, 0) and (35, 2) end in a tile of three: a pair, then a lone query.
+                for (t, p) in [(33, 0), (5, 7), (2, 15), (1, 16), (1, 31), (7, 33), (17, 3), (40, 0), (19, 0), (35, 2)]
+                {
                     let d = AttnDims { t, p, nh, hs, t_max, scale };
                     let qs = &q[p * 3 * c..];
                     let (mut want, mut got) = (vec![0.0; t * c], vec![0.0; t * c]);
@@ -227,6 +229,10 @@ fn attention_over_blocks_is_the_contiguous_bits_whatever_the_block_size_and_plac
                     attention(isa, &mut want, Some(&mut want_p), qs, 3 * c, &k, &v, &mut scratch, d);
                     attention_blocks(isa, &mut got, Some(&mut got_p), qs, 3 * c, &paged, &mut tiles, d);
                     let what = format!("{} B={b} HS={hs} T={t} P={p}", isa.name());
+                    // The tiles against the scalar reference as well as against this ISA's pairs.
+                    let mut reference = vec![0.0; t * c];
+                    attention(Isa::scalar(), &mut reference, None, qs, 3 * c, &k, &v, &mut scratch, d);
+                    assert_eq!(bits(&got), bits(&reference), "outputs against the scalar reference, {what}");
                     assert_eq!(bits(&got), bits(&want), "outputs, {what}");
                     assert_eq!(bits(&got_p), bits(&want_p), "weights, {what}");
                     let (mut want_s, mut got_s) = (vec![0.0; nh * t * (p + t)], vec![0.0; nh * t * (p + t)]);

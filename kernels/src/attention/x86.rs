@@ -142,8 +142,9 @@ unsafe fn block_sums_as<L: Lanes, K: KvBlocks, F: RowFormat>(out: &mut [f32], pr
     }
 }
 
-/// [`super::block_sums_pair_body`] over these lanes: eight FMA chains in flight, each value row
-/// loaded once for both queries, the accumulators in registers across blocks.
+/// [`super::block_sums_pair_body`] over these lanes: each value row loaded once for both queries,
+/// the accumulators in registers across blocks (AVX-512: all 64 columns, eight rows of lanes;
+/// AVX2: two passes over the blocks, 32 columns each).
 #[inline(always)]
 pub(crate) unsafe fn block_sums_pair_lanes<L: Lanes, K: KvBlocks>(
     o0: &mut [f32],
@@ -182,6 +183,9 @@ unsafe fn block_sums_pair_as<L: Lanes, K: KvBlocks, F: RowFormat>(
 
 /// Columns `NR·d0..NR·(d0 + D)` of [`block_sums_pair_as`]: the accumulators in registers from
 /// the first block to the last.
+///
+/// # Safety
+/// `o0` and `o1` hold 64 floats (checked by `block_sums_pair_lanes`) and `d0 + D <= 4`.
 #[inline(always)]
 unsafe fn pair_part<L: Lanes, K: KvBlocks, F: RowFormat, const D: usize>(
     (o0, o1): (&mut [f32], &mut [f32]),
@@ -190,6 +194,7 @@ unsafe fn pair_part<L: Lanes, K: KvBlocks, F: RowFormat, const D: usize>(
     h: usize,
     d0: usize,
 ) {
+    debug_assert!(d0 + D <= 4 && o0.len() >= 64 && o1.len() >= 64, "columns inside the 64 outputs");
     let (b, w) = (kv.block(), F::words(64));
     let (mut a0, mut a1) = ([L::zero(); D], [L::zero(); D]);
     for (j, c1) in p1.chunks(b).enumerate() {

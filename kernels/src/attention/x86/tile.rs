@@ -50,8 +50,9 @@ unsafe fn scores_span<L: Halves, F: RowFormat>(s: &mut [f32], q: &[f32], t: Tile
 }
 
 /// [`super::super::block_sums_tile_body`] over these lanes: block by block, each query's 64
-/// accumulators loaded from `out`, run over the block's rows (in L1 after the first query) and
-/// stored back exactly, so every output keeps its one chain in position order.
+/// accumulators (AVX2: in two halves of columns) loaded from `out`, run over the block's rows (in
+/// L1 after the first query) and stored back exactly, so every output keeps its one chain in
+/// position order.
 #[inline(always)]
 pub(crate) unsafe fn block_sums_tile_lanes<L: Lanes, K: KvBlocks>(out: &mut [f32], probs: &[f32], kv: &K, t: Tile) {
     if t.hs != 64 || out.len() < t.m * 64 {
@@ -103,7 +104,8 @@ unsafe fn sums_span<L: Lanes, F: RowFormat>(
         // SAFETY: rows r and r + 1 < m of `out` hold 64 floats each (checked by the caller).
         let (o0, o1) = (out.as_mut_ptr().add(r * 64), out.as_mut_ptr().add((r + 1).min(t.m - 1) * 64));
         let outs = Pair { o0, o1, both: r + 1 < t.m };
-        // SAFETY: the rows hold 64 floats, `vh` the spans' rows (asserted above).
+        // SAFETY: the rows hold 64 floats, `vh` the spans' rows (asserted above); d0 + D <= 4; a
+        // lone last query passes o1 = o0 with no second query (`both` false, `p1` empty).
         if L::REGISTERS == 1 {
             pair_cols::<L, F, 4>(outs, p0, p1, vh, 0);
         } else {
@@ -125,9 +127,12 @@ struct Pair {
 /// row of `p0` and `p1` added in position order, stored back.
 ///
 /// # Safety
-/// `o.o0` and `o.o1` hold 64 floats; `vh` holds `max(p0.len(), p1.len())` rows of 64 values.
+/// `o.o0` and `o.o1` hold 64 floats, `d0 + D <= 4`, and `o.o1` is `o.o0` only without a second
+/// query (`!o.both`, `p1` empty: `a1` is then never stored); `vh` holds `max(p0.len(), p1.len())`
+/// rows of 64 values.
 #[inline(always)]
 unsafe fn pair_cols<L: Lanes, F: RowFormat, const D: usize>(o: Pair, p0: &[f32], p1: &[f32], vh: &[f32], d0: usize) {
+    debug_assert!(d0 + D <= 4 && (o.both || (o.o0 == o.o1 && p1.is_empty())), "a pair's columns and rows");
     let w = F::words(64);
     let mut a0 = [L::zero(); D];
     let mut a1 = [L::zero(); D];
