@@ -43,10 +43,10 @@ pub(crate) struct Ahead {
 impl Ahead {
     pub(crate) const NONE: Ahead = Ahead { rows: 0, every: 1, phase: 0, wrap: false };
 
-    /// A chunked pass's (AVX2's few-row pairs): the next chunk, pass `phase` of `every` taking its
-    /// share; `wrap` when the next panel group is the same task's.
+    /// A chunked pass's (AVX2's few-row pairs): the chunk [`CHUNKS_AHEAD`] on, pass `phase` of
+    /// `every` taking its share; `wrap` when the next panel group is the same task's.
     fn chunk(every: usize, phase: usize, wrap: bool) -> Ahead {
-        Ahead { rows: CHUNK, every, phase, wrap }
+        Ahead { rows: CHUNKS_AHEAD * CHUNK, every, phase, wrap }
     }
 }
 
@@ -126,9 +126,14 @@ impl TileKernel for Portable {
 }
 
 /// Reduction rows per chunk of the few-rows path's two-row passes (three panels' chunk: 12 KiB).
-/// Every pass over a chunk asks for its share of the next chunk, so the weights' stream from
+/// Every pass over a chunk asks for its share of a chunk further on, so the weights' stream from
 /// memory runs under all the passes' arithmetic, not only under the first pass's.
 const CHUNK: usize = 64;
+
+/// How many chunks on the passes ask for: two, so that a chunk's lines have all the passes over
+/// the chunk between (one chunk's passes did not cover the memory's latency: DESIGN.md, "Few rows
+/// against the roof").
+const CHUNKS_AHEAD: usize = 2;
 
 /// The reduction's chunks `(kc0, kc1)`: at least one, `(0, 0)`, for an empty reduction (whose
 /// outputs are the bias).
