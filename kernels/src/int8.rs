@@ -312,9 +312,9 @@ unsafe fn tile<L: IntLanes, const R: usize, const G: usize, const FOUR: bool>(j:
 /// together: `AHEAD / G` sub-blocks ahead in each, but at most a panel's blocks (so one-panel
 /// groups over a short reduction, 24 blocks at K = 768, ask less than wider ones). It asks for the
 /// integer lines and the scales (and minimums) of block `s + min(AHEAD / G, blocks)`, past the
-/// panels' end the next group's; later passes over the group find it in cache. The hardware's prefetchers do not keep up with a panel's short
-/// streams (12 KiB of integers and 1.5 KiB of scales for K = 768). Measured: see DESIGN.md, "Few
-/// rows against the roof".
+/// panels' end the next group's; later passes over the group find it in cache. The hardware's
+/// prefetchers do not keep up with a panel's short streams (12 KiB of integers and 1.5 KiB of
+/// scales for K = 768). Measured: see DESIGN.md, "Few rows against the roof".
 const AHEAD: usize = 48;
 
 /// Asks for panels `p..p+G`'s sub-block `AHEAD / G` ahead of `s` (see [`AHEAD`]); a hint, any
